@@ -1,0 +1,75 @@
+"""Causal self-attention with three paths, chosen by the positional scheme.
+
+- fast:    no logit hook -> F.scaled_dot_product_attention(is_causal=True), so
+           flash / memory-efficient kernels apply (NoPE, learned, sinusoidal, RoPE).
+- bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
+- content: `scheme.has_content` -> the scheme returns the full masked logits
+           (CoPE, TRA); softmax in float32 here, rows with no kept key give 0.
+
+RoPE-style rotation is applied in every path, before the logits are formed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ModelConfig
+from .positions import PositionalScheme
+
+
+def causal_mask(T: int, device=None, dtype=torch.float32) -> Tensor:
+    """(T, T) additive mask: 0 on and below the diagonal, -inf above it."""
+    return torch.full((T, T), float("-inf"), device=device, dtype=dtype).triu(1)
+
+
+def masked_softmax(logits: Tensor) -> Tensor:
+    """Softmax over the last dim in float32; a row whose every logit is -inf
+    gives all zeros instead of NaN (a content scheme may drop every key)."""
+    logits = logits.float()
+    dead = torch.isneginf(logits).all(dim=-1, keepdim=True)  # (..., T, 1)
+    # Fill dead rows with 0 *before* the softmax so neither the forward nor the
+    # backward pass ever sees NaN, then zero their weights.
+    att = torch.softmax(logits.masked_fill(dead, 0.0), dim=-1)
+    return att.masked_fill(dead, 0.0)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        assert cfg.d_model % cfg.n_head == 0, "model.n_head must divide model.d_model"
+        self.layer = layer  # passed to content schemes, which may hold per-layer parameters
+        self.n_head = cfg.n_head
+        self.d_model = cfg.d_model
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual output projection
+        self.attn_drop = nn.Dropout(cfg.dropout)  # content path only; SDPA has its own dropout_p
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor) -> Tensor:
+        B, T, C = x.shape
+        H, Dh = self.n_head, C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, D) each
+        q = q.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        v = v.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        q, k = scheme.rotate(q, k, position_ids)
+        p = self.dropout if self.training else 0.0
+
+        if scheme.has_content:
+            logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme
+            if scheme.has_bias:
+                logits = logits + scheme.bias(position_ids)
+            att = self.attn_drop(masked_softmax(logits))  # (B, H, T, T) float32
+            y = att.to(v.dtype) @ v  # (B, H, T, Dh)
+        elif scheme.has_bias:
+            mask = scheme.bias(position_ids) + causal_mask(T, x.device)  # (B|1, H, T, T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
+
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, D): heads side by side
+        return self.resid_drop(self.c_proj(y))
+

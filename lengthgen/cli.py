@@ -1,0 +1,116 @@
+"""`lengthgen tasks|train|eval|report`.
+
+Bad input (unknown key, wrong type, impossible value, missing file, corrupt
+checkpoint, existing run folder) is one line on stderr and exit code 2,
+before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import TrainingDiverged, UserError
+
+
+def cmd_tasks(args) -> None:
+    import torch
+
+    from .tasks import TASKS, get_task
+
+    for name in TASKS:
+        task = get_task(name)
+        batch = task.sample(1, args.length, torch.Generator().manual_seed(args.seed))
+        question, answer = task.to_text(batch, 0)
+        steps = int(batch.n_steps[0])
+        print(f"{name:<15} {question} -> {answer}   (n={args.length}, T(n)={steps}, vocab {task.vocab_size})")
+
+
+def cmd_train(args) -> None:
+    from . import config
+    from .train import train
+
+    if args.resume and args.preset is None and args.out is None:
+        raise UserError("--resume needs the run folder: lengthgen train --resume --out RUN_DIR")
+    if args.resume and args.set:
+        raise UserError("--set cannot change a run being resumed; its saved config is used")
+    cfg = config.load(args.preset, args.set)
+    folder = Path(args.out) if args.out else Path("runs") / f"{Path(args.preset).stem if args.preset else 'run'}-s{cfg.train.model_seed}"
+    print(f"run folder: {folder}")
+    summary = train(cfg, folder, resume=args.resume, force=args.force, progress=not args.no_progress)
+    print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
+
+
+def cmd_eval(args) -> None:
+    from .config import parse_lengths
+    from .evaluate import evaluate_run, format_table, load_run
+
+    if args.samples < 1:
+        raise UserError(f"--samples must be >= 1, got {args.samples}")
+    if args.lengths is None:
+        args.lengths = load_run(args.run)[0].eval.lengths
+    rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
+                        args.seed, progress=not args.no_progress)
+    print(format_table(rows))
+    print(f"wrote {Path(args.run) / 'eval.csv'}")
+
+
+def cmd_report(args) -> None:
+    from .report import write_report
+
+    out = Path(args.out) if args.out else Path(args.dirs[0])
+    command = "lengthgen report " + " ".join(args.dirs) + (f" --out {args.out}" if args.out else "")
+    path = write_report(args.dirs, out, command=command)
+    print(path.read_text())
+    print(f"wrote {path}, {out / 'results.csv'} and {out / 'accuracy_vs_length.png'}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lengthgen", description="Train on short inputs, test on long ones.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tasks", help="list the tasks with a rendered example")
+    t.add_argument("--length", type=int, default=6, help="problem length of the examples")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_tasks)
+
+    tr = sub.add_parser("train", help="train one run")
+    tr.add_argument("preset", nargs="?", help="TOML preset, e.g. experiments/core/parity-ntp.toml")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.n_layer=3")
+    tr.add_argument("--out", help="run folder (default runs/<preset>-s<seed>)")
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    tr.add_argument("--force", action="store_true", help="overwrite an existing run folder")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="accuracy vs length of a trained run -> RUN/eval.csv")
+    e.add_argument("run", help="run folder")
+    e.add_argument("--lengths", help="e.g. 1:40, 10:50:10 or 8,16,32 (default: the run's eval.lengths)")
+    e.add_argument("--samples", type=int, default=512, help="test samples per length")
+    e.add_argument("--batch-size", type=int, default=None)
+    e.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's eval.seed)")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=cmd_eval)
+
+    r = sub.add_parser("report", help="tables and a figure from eval.csv files")
+    r.add_argument("dirs", nargs="+", help="run folders or folders containing runs")
+    r.add_argument("--out", help="where to write report.md, results.csv and the figure (default: the first DIR)")
+    r.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (UserError, TrainingDiverged) as err:
+        print(f"lengthgen: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("lengthgen: interrupted (a training run continues with --resume)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""GPT-2 style pre-LayerNorm transformer, nanoGPT-sized.
+
+The forward pass is split into `embed`, `run_blocks` and `head` because the
+looped model reuses them: it embeds once, applies the blocks T times with
+input injection (h_t = run_blocks(h_{t-1} + e)) and may read out after any
+iteration with `head`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .attention import CausalSelfAttention
+from .config import ModelConfig
+from .positions import PositionalScheme, build_scheme, default_position_ids
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.c_fc = nn.Linear(cfg.d_model, hidden)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(hidden, cfg.d_model)  # residual output projection
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, D)
+
+
+class Block(nn.Module):
+    """x = x + attn(ln1(x)); x = x + mlp(ln2(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg, layer)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x), scheme, position_ids)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    """Token embedding + positional scheme + blocks + ln_f + tied lm_head.
+
+    `scheme` overrides the one named by cfg.position (tests and experiments
+    with schemes not in the registry); it is shared by every block, so
+    per-layer parameters live in the scheme, indexed by `layer`.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, scheme: PositionalScheme | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.wte = nn.Embedding(vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.scheme = scheme if scheme is not None else build_scheme(cfg)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one (V, D) matrix reads in and out
+
+        # GPT-2 init everywhere except inside the scheme, which owns its own
+        # init (CoPE's position vectors start at zero, TRA's gate has a bias).
+        for name, module in self.named_modules():
+            if not name.startswith("scheme"):
+                self._init_weights(module)
+        # Residual projections scaled by 1/sqrt(2 * n_layer) (two per block) so
+        # the residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def position_ids_for(self, inputs: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """The given IDs checked against inputs (B, T), or 0..T-1 as (1, T)."""
+        B, T = inputs.shape
+        if position_ids is None:
+            return default_position_ids(T, inputs.device)
+        if position_ids.dim() != 2 or position_ids.shape[1] != T or position_ids.shape[0] not in (1, B):
+            raise ValueError(f"position_ids must be (B, T) or (1, T) for inputs {tuple(inputs.shape)}, "
+                             f"got {tuple(position_ids.shape)}")
+        return position_ids.long()
+
+    def embed(self, inputs: Tensor, position_ids: Tensor) -> Tensor:
+        """inputs (B, T) long -> e (B, T, D): tokens plus the scheme's embedding."""
+        return self.drop(self.scheme.embed(self.wte(inputs), position_ids))
+
+    def run_blocks(self, h: Tensor, position_ids: Tensor) -> Tensor:
+        """Every block once: (B, T, D) -> (B, T, D)."""
+        for block in self.blocks:
+            h = block(h, self.scheme, position_ids)
+        return h
+
+    def head(self, h: Tensor) -> Tensor:
+        """(B, T, D) -> logits (B, T, V)."""
+        return self.lm_head(self.ln_f(h))
+
+    def forward(self, inputs: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        position_ids = self.position_ids_for(inputs, position_ids)
+        return self.head(self.run_blocks(self.embed(inputs, position_ids), position_ids))
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Unique parameters (the tied embedding counts once). non_embedding
+        drops the scheme's parameters that are only looked up (a learned
+        position table), the convention for FLOP estimates; the token table
+        stays because, tied, it is also the lm_head matmul."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= sum(m.weight.numel() for m in self.scheme.modules() if isinstance(m, nn.Embedding))
+        return n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Forward + backward FLOPs per token (PaLM appendix B, as nanoGPT):
+        6 N for the weight matmuls plus 12 L D T for attention scores and
+        values at context T (counted over the full T x T square, as PaLM does).
+        One pass through the blocks: a looped model multiplies the block part."""
+        L, D = self.cfg.n_layer, self.cfg.d_model
+        return 6 * self.num_params(non_embedding=True) + 12 * L * D * seq_len

@@ -1,0 +1,29 @@
+"""Task registry: `TASKS` by name and `get_task(name, **options)`."""
+from __future__ import annotations
+
+import difflib
+
+from .addition import Addition
+from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task
+from .binary_sum import BinarySum
+from .copy import Copy
+from .multiplication import Multiplication
+from .parity import Parity
+from .unique_set import UniqueSet
+
+TASKS: dict[str, type[Task]] = {
+    cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet)
+}
+
+
+def get_task(name: str, **options) -> Task:
+    """An instance of the task `name`; unknown options raise TypeError."""
+    if name not in TASKS:
+        close = difflib.get_close_matches(str(name), TASKS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown task {name!r}{hint}; choose from {', '.join(TASKS)}")
+    return TASKS[name](**options)
+
+
+__all__ = ["TASKS", "get_task", "Batch", "Task", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
+           "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet"]

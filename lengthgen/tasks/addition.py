@@ -1,0 +1,62 @@
+"""Addition of two n-bit binary numbers, most significant bit first.
+
+    question "101+011="  ->  answer "1000"   (5 + 3 = 8, written with n + 1 bits)
+
+Both operands have exactly n bits (leading zeros allowed, each uniform in
+[0, 2^n)); the answer is the (n + 1)-bit sum, zero-padded, MSB first.
+
+T(n) = n looped steps. This follows the authors' released code; the paper's
+Proposition 3.4 says n + 1 steps instead.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Batch, Task, assemble, reverse_prefix
+
+
+def add_bits(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Binary sum of two (B, W) 0/1 bit tensors, least significant bit first.
+
+    Returns (sum bits (B, W), carry out (B,)). Carry-lookahead without a loop:
+    the carry out of bit i is the 'generate' bit of the last position j <= i
+    that does not propagate (x_j == y_j), or 0 if every bit up to i propagates.
+    """
+    generate = x & y
+    propagate = x ^ y
+    pos = torch.arange(x.shape[1], device=x.device).expand_as(x)
+    last = torch.where(propagate == 0, pos, -1).cummax(dim=1).values  # (B, W)
+    carry_out = generate.gather(1, last.clamp(min=0)) * (last >= 0)  # carry out of bit i
+    carry_in = torch.nn.functional.pad(carry_out[:, :-1], (1, 0))
+    return propagate ^ carry_in, carry_out[:, -1]
+
+
+class Addition(Task):
+    name = "addition"
+    tokens = ("0", "1", "+", "=")
+    answer_symbols = 2
+    example = "101+011= -> 1000"
+
+    def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
+        n, width = self.lengths_of(batch_size, length)
+        a, b = torch.randint(0, 2, (2, batch_size, width), generator=generator)  # MSB first, n[b] bits
+        if isinstance(length, Tensor):  # LSB first, zero beyond n[b]
+            a_lsb, b_lsb = reverse_prefix(a, n), reverse_prefix(b, n)
+        else:
+            a_lsb, b_lsb = a.flip(1), b.flip(1)
+        total, carry = add_bits(a_lsb, b_lsb)  # no carry leaves bit n[b] when n[b] < width
+        total = torch.cat([total, carry[:, None]], dim=1)  # (B, width + 1): n[b] + 1 bits
+        answer = reverse_prefix(total, n + 1) if isinstance(length, Tensor) else total.flip(1)
+        # question: a, '+', b, '=' -- laid out per sample by one gather from this row
+        zero = self.token_id("0")
+        plus = torch.full((batch_size, 1), self.token_id("+"))
+        equals = torch.full((batch_size, 1), self.token_id("="))
+        question = torch.cat([a + zero, plus, b + zero, equals], dim=1)  # (B, 2 width + 2)
+        if isinstance(length, Tensor):
+            j = torch.arange(2 * width + 2)[None, :]
+            m = n[:, None]
+            source = torch.where(j < m, j, j - m + width)  # a, then '+' and b
+            source = torch.where(j == 2 * m + 1, 2 * width + 1, source)  # '='
+            question = question.gather(1, source.clamp(max=2 * width + 1))
+        return assemble(question, 2 * n + 2, answer + zero, n + 1, lengths=n, n_steps=n.clone())

@@ -1,0 +1,214 @@
+"""The Task protocol and the Batch every task produces.
+
+Layout of a batch (one row per sample, right-padded with PAD):
+
+    inputs : question tokens (ending with '=') followed by the answer tokens
+    targets: the next token at every scored position, IGNORE elsewhere
+
+The scored positions run from the '=' token to the last answer token, so the
+targets there are the answer followed by one EOS. Example (copy, n = 3):
+
+    position   0    1    2    3    4    5    6
+    inputs     0    1    1    =    0    1    1
+    targets    .    .    .    0    1    1  <eos>
+
+This one layout serves every method: next-token prediction reads `inputs` as
+they are; whole-answer ("in place") prediction blanks every input after the
+question (`Batch.blank_answers`) and reads the same targets in one pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+IGNORE = -100  # target value of unscored positions (torch's cross-entropy default)
+SPECIALS = ("<pad>", "<eos>", "_")  # every vocabulary starts with these three
+PAD, EOS, BLANK = 0, 1, 2
+
+
+@dataclass
+class Batch:
+    inputs: Tensor  # (B, L) long
+    targets: Tensor  # (B, L) long, IGNORE where not scored
+    question_len: Tensor  # (B,) tokens up to and including '='
+    lengths: Tensor  # (B,) problem length n of each sample
+    n_steps: Tensor  # (B,) looped step count T(n) of each sample
+    position_ids: Tensor | None = None  # (B, L) explicit position IDs, None = 0..L-1
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    @property
+    def scored(self) -> Tensor:  # (B, L) bool
+        return self.targets != IGNORE
+
+    def to(self, device) -> "Batch":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved = {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in moved.items()}
+        return Batch(**moved)
+
+    def select(self, index: Tensor) -> "Batch":
+        """Rows `index` of the batch, trimmed to their own widest sample."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        picked = {k: (v[index] if v is not None else None) for k, v in picked.items()}
+        width = int((picked["question_len"] + (picked["targets"] != IGNORE).sum(1) - 1).max())
+        for k in ("inputs", "targets", "position_ids"):
+            if picked[k] is not None:
+                picked[k] = picked[k][:, :width]
+        return Batch(**picked)
+
+    def blank_answers(self) -> "Batch":
+        """Inputs with every position after the question replaced by BLANK."""
+        pos = torch.arange(self.inputs.shape[1], device=self.inputs.device)
+        after = pos[None, :] >= self.question_len[:, None]
+        return replace(self, inputs=self.inputs.masked_fill(after, BLANK))
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        """Stack batches of different widths, right-padding to the widest."""
+        width = max(b.inputs.shape[1] for b in batches)
+
+        def pad(t: Tensor, value: int) -> Tensor:
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+        has_pos = [b.position_ids is not None for b in batches]
+        if any(has_pos) and not all(has_pos):
+            raise ValueError("cannot concatenate batches with and without position_ids")
+        return Batch(
+            inputs=torch.cat([pad(b.inputs, PAD) for b in batches]),
+            targets=torch.cat([pad(b.targets, IGNORE) for b in batches]),
+            question_len=torch.cat([b.question_len for b in batches]),
+            lengths=torch.cat([b.lengths for b in batches]),
+            n_steps=torch.cat([b.n_steps for b in batches]),
+            position_ids=torch.cat([pad(b.position_ids, 0) for b in batches]) if all(has_pos) else None,
+        )
+
+
+def assemble(question: Tensor, question_len: Tensor, answer: Tensor, answer_len: Tensor,
+             lengths: Tensor, n_steps: Tensor) -> Batch:
+    """Build a Batch from right-padded question and answer token tensors.
+
+    question: (B, Q) with question_len[b] valid tokens (the last one is '=')
+    answer:   (B, A) with answer_len[b] valid tokens (EOS is appended here)
+    Vectorised: one gather per tensor, no loop over samples.
+    """
+    batch = question.shape[0]
+    width = int((question_len + answer_len).max())  # inputs are question + answer
+    j = torch.arange(width + 1)[None, :].expand(batch, -1)  # (B, W+1) positions of seq
+    q, a = question_len[:, None], answer_len[:, None]
+    in_question = j < q
+    in_answer = (j >= q) & (j < q + a)
+    q_tok = question.gather(1, j.clamp(max=question.shape[1] - 1))
+    a_tok = answer.gather(1, (j - q).clamp(0, max(answer.shape[1] - 1, 0))) if answer.shape[1] else torch.zeros_like(j)
+    seq = torch.where(in_question, q_tok, torch.where(in_answer, a_tok, torch.where(j == q + a, EOS, PAD)))
+    inputs = seq[:, :width].masked_fill(j[:, :width] >= q + a, PAD)  # the EOS is a target, never an input
+    scored = (j[:, :width] >= q - 1) & (j[:, :width] < q + a)
+    targets = seq[:, 1:].masked_fill(~scored, IGNORE)
+    return Batch(inputs=inputs, targets=targets, question_len=question_len.clone(),
+                 lengths=lengths, n_steps=n_steps)
+
+
+def end_with(tokens: Tensor, n: Tensor, token: int) -> Tensor:
+    """(B, W + 1): row b of tokens (B, W) with `token` written at position n[b]."""
+    out = torch.nn.functional.pad(tokens, (0, 1))
+    return out.scatter_(1, n[:, None], token)
+
+
+def prefix_mask(n: Tensor, width: int) -> Tensor:
+    """(B, width) bool: True in the first n[b] columns of row b."""
+    return torch.arange(width)[None, :] < n[:, None]
+
+
+def reverse_prefix(x: Tensor, n: Tensor) -> Tensor:
+    """Row b of x (B, W) with its first n[b] entries reversed and the rest zeroed:
+    turns a right-padded MSB-first number into an LSB-first one (and back)."""
+    k = torch.arange(x.shape[1])[None, :]
+    flipped = x.gather(1, (n[:, None] - 1 - k).clamp(min=0))
+    return flipped.masked_fill_(k >= n[:, None], 0)
+
+
+class Task:
+    """A length-generalisation task. Subclasses set the class attributes and `sample`.
+
+    name:      registry name
+    tokens:    the task's own tokens; token id = len(SPECIALS) + index
+    sep:       string placed between tokens when rendering text
+    answer_symbols: how many values one answer token can take (random baseline)
+    """
+
+    name: str = ""
+    tokens: tuple[str, ...] = ()
+    sep: str = ""
+    answer_symbols: int = 2
+    example: str = ""  # one rendered example for `lengthgen tasks`, e.g. "10110= -> 1"
+
+    def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
+        pass
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        return SPECIALS + self.tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def token_id(self, token: str) -> int:
+        return len(SPECIALS) + self.tokens.index(token)
+
+    def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
+        """`batch_size` samples of problem length `length`: one int for every sample,
+        or a (batch_size,) long tensor of per-sample lengths (one vectorised pass)."""
+        raise NotImplementedError
+
+    def check_length(self, length: int | Tensor, batch_size: int | None = None) -> None:
+        """ValueError unless `length` is an int >= 1 or a 1-D long tensor of
+        values >= 1 (of shape (batch_size,) when batch_size is given)."""
+        if isinstance(length, Tensor):
+            shape = (batch_size,) if batch_size is not None else (length.numel(),)
+            if length.dtype != torch.long:
+                raise ValueError(f"{self.name}: a length tensor must have dtype torch.long, got {length.dtype}")
+            if length.dim() != 1 or tuple(length.shape) != shape:
+                raise ValueError(f"{self.name}: a length tensor must have shape {shape}, "
+                                 f"got {tuple(length.shape)}")
+            if length.numel() and int(length.min()) < 1:
+                raise ValueError(f"{self.name}: every length must be >= 1, got {int(length.min())}")
+            return
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(f"{self.name}: length must be an integer >= 1, got {length!r}")
+
+    def lengths_of(self, batch_size: int, length: int | Tensor) -> tuple[Tensor, int]:
+        """Validated per-sample lengths (B,) and their maximum, from either form of `length`."""
+        self.check_length(length, batch_size)
+        if isinstance(length, Tensor):
+            return length.clone(), int(length.max())
+        return torch.full((batch_size,), length), length
+
+    def decode(self, ids) -> str:
+        return self.sep.join(self.vocab[int(t)] for t in ids)
+
+    def to_text(self, batch: Batch, i: int) -> tuple[str, str]:
+        """(question, answer) of sample i as text, e.g. ("10110=", "1")."""
+        q = int(batch.question_len[i])
+        answer_ids = batch.targets[i][batch.targets[i] != IGNORE][:-1]  # drop the EOS
+        return self.decode(batch.inputs[i, :q]), self.decode(answer_ids)
+
+    def random_baseline(self, length: int, samples: int = 2000) -> float:
+        """Exact-match chance of guessing each answer token uniformly at random
+        (answer length given), averaged over samples drawn at this length."""
+        batch = self.sample(samples, length, torch.Generator().manual_seed(0))
+        answer_len = batch.scored.sum(1) - 1  # EOS excluded: its place is known
+        return float((self.answer_symbols ** -answer_len.double()).mean())
+
+
+def sample_mixed(task: Task, batch_size: int, low: int, high: int, generator: torch.Generator) -> Batch:
+    """A batch whose per-sample lengths are uniform in [low, high], in one `task.sample` call."""
+    for value in (low, high):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"sample_mixed: low and high must be integers, got {value!r}")
+    if not 1 <= low <= high:
+        raise ValueError(f"sample_mixed: need 1 <= low <= high, got low={low}, high={high}")
+    lengths = torch.randint(low, high + 1, (batch_size,), generator=generator)
+    return task.sample(batch_size, lengths, generator)

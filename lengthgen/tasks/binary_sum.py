@@ -1,0 +1,36 @@
+"""Binary Sum: the number of ones, in binary, least significant bit first.
+
+    question "10111="  ->  answer "001"   (four ones; 4 = 100 in binary, reversed)
+
+The answer has no trailing (most significant) zeros; a count of zero is
+written "0" (the authors' code leaves that answer empty). Answer lengths
+differ between samples of the same n.
+
+T(n) = n looped steps (one per input bit).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Batch, Task, assemble, end_with, prefix_mask
+
+
+class BinarySum(Task):
+    name = "binary_sum"
+    tokens = ("0", "1", "=")
+    answer_symbols = 2
+    example = "10111= -> 001"
+
+    def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
+        n, width = self.lengths_of(batch_size, length)
+        bits = torch.randint(0, 2, (batch_size, width), generator=generator)  # (B, max n)
+        if isinstance(length, Tensor):
+            bits.masked_fill_(~prefix_mask(n, width), 0)  # row b has n[b] bits
+        zero, equals = self.token_id("0"), self.token_id("=")
+        question = end_with(bits + zero, n, equals)
+        count = bits.sum(1, keepdim=True)  # (B, 1)
+        shifted = count >> torch.arange(width.bit_length())  # (B, K): count >> k
+        answer = (shifted & 1) + zero  # LSB first
+        answer_len = (shifted > 0).sum(1).clamp(min=1)  # bit length, "0" for zero
+        return assemble(question, n + 1, answer, answer_len, lengths=n, n_steps=n.clone())

@@ -1,0 +1,29 @@
+"""Parity: is the number of ones odd?
+
+    question "10110="  ->  answer "1"   (three ones: odd)
+
+T(n) = n looped steps (one per input bit).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Batch, Task, assemble, end_with, prefix_mask
+
+
+class Parity(Task):
+    name = "parity"
+    tokens = ("0", "1", "=")
+    answer_symbols = 2
+    example = "10110= -> 1"
+
+    def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
+        n, width = self.lengths_of(batch_size, length)
+        bits = torch.randint(0, 2, (batch_size, width), generator=generator)  # (B, max n)
+        if isinstance(length, Tensor):
+            bits.masked_fill_(~prefix_mask(n, width), 0)  # row b has n[b] bits
+        zero, equals = self.token_id("0"), self.token_id("=")
+        question = end_with(bits + zero, n, equals)
+        answer = (bits.sum(1, keepdim=True) % 2) + zero  # (B, 1)
+        return assemble(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone())

@@ -1,0 +1,199 @@
+"""Trainer: online data, curriculum, schedule, EMA, checkpoints, resume.
+
+One training step: draw a fresh batch from the task (online i.i.d. samples,
+lengths up to the current curriculum maximum) -> method loss -> backward ->
+clip -> AdamW step -> EMA update. Metrics go to metrics.jsonl every
+`log_interval` steps; checkpoints every `checkpoint_interval` steps and at the
+end. Three seeds are kept apart: model initialisation, training data and
+evaluation (the last one lives in the evaluator).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from . import checkpoint
+from .config import Config, from_dict, to_dict, to_toml
+from .errors import TrainingDiverged, UserError
+from .methods import get_method
+from .tasks import Batch, Task, get_task
+from .tasks.base import sample_mixed
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name != "auto":
+        if name.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"train.device {name!r} requested but CUDA is not available")
+        if name == "mps" and not torch.backends.mps.is_available():
+            raise UserError("train.device 'mps' requested but MPS is not available")
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def curriculum_max(cfg: Config, step: int) -> int:
+    """Largest training length at `step`: start, +1 every interval, capped."""
+    start = cfg.train.curriculum_start
+    if start == 0:
+        return cfg.task.train_max
+    return min(cfg.task.train_max, start + step // cfg.train.curriculum_interval)
+
+
+def curriculum_end(cfg: Config) -> int:
+    """First step at which the curriculum has reached train_max."""
+    start = cfg.train.curriculum_start
+    return 0 if start == 0 else (cfg.task.train_max - start) * cfg.train.curriculum_interval
+
+
+def learning_rate(cfg: Config, step: int) -> float:
+    tr = cfg.train
+    if tr.schedule == "constant":
+        return tr.lr
+    if step < tr.warmup_steps:
+        return tr.lr * (step + 1) / tr.warmup_steps
+    # cosine: decay from the end of warm-up; curriculum_cosine: hold until the curriculum ends
+    begin = tr.warmup_steps if tr.schedule == "cosine" else max(tr.warmup_steps, curriculum_end(cfg))
+    if step < begin:
+        return tr.lr
+    progress = min(1.0, (step - begin) / max(1, tr.steps - begin))
+    floor = tr.lr * tr.min_lr_ratio
+    return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def sample_batch(task: Task, batch_size: int, low: int, high: int, generator: torch.Generator,
+                 per_sample: bool) -> Batch:
+    """Uniform lengths in [low, high]: one per sample (mixed batch, one vectorised call) or one per batch."""
+    if per_sample:
+        return sample_mixed(task, batch_size, low, high, generator)
+    n = int(torch.randint(low, high + 1, (1,), generator=generator))
+    return task.sample(batch_size, n, generator)
+
+
+def prepare_run_dir(folder: Path, resume: bool, force: bool) -> None:
+    """Refuse to overwrite a run folder unless --force; --resume needs one."""
+    exists = folder.exists() and any(folder.iterdir())
+    if resume:
+        if not exists or checkpoint.latest(folder) is None:
+            raise UserError(f"cannot resume: {folder} has no checkpoint")
+        return
+    if exists and not force:
+        raise UserError(f"run folder {folder} already exists (use --resume to continue it or --force to overwrite it)")
+    if exists:
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def decay_params(model: torch.nn.Module) -> list[dict]:
+    """Weight decay on matrices only (not on biases, norms)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2]},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, progress: bool = True) -> dict:
+    """Train the run in `folder`; returns a summary dict. Resumes from the latest checkpoint."""
+    folder = Path(folder)
+    prepare_run_dir(folder, resume, force)
+    if resume:  # the run's own config wins: the data stream and schedule depend on it
+        cfg = from_dict(checkpoint.read_state(checkpoint.latest(folder))["config"])
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = pick_device(cfg.train.device)
+    task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
+    torch.manual_seed(cfg.train.model_seed)
+    model = method.build_model(cfg, task).to(device)
+    ema = copy.deepcopy(model).requires_grad_(False) if cfg.train.ema > 0 else None
+    tr = cfg.train
+    optimizer = torch.optim.AdamW(decay_params(model), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
+    data = torch.Generator().manual_seed(tr.data_seed)
+    step = 0
+    metrics_path = folder / "metrics.jsonl"
+    if resume:
+        path = checkpoint.latest(folder)
+        state = checkpoint.read_state(path)
+        checkpoint.load_weights(model, path / "model.safetensors")
+        if ema is not None:
+            checkpoint.load_weights(ema, path / "ema.safetensors")
+        checkpoint.load_optimizer(optimizer, path / "optimizer.pt")
+        data.set_state(checkpoint.decode_state(state["data_rng"]))
+        torch.set_rng_state(checkpoint.decode_state(state["torch_rng"]))
+        step = state["step"]
+        _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
+    else:
+        (folder / "config.toml").write_text(to_toml(cfg))
+
+    def save() -> None:
+        state = {"config": to_dict(cfg), "data_rng": checkpoint.encode_state(data.get_state()),
+                 "torch_rng": checkpoint.encode_state(torch.get_rng_state()), "finished": step >= tr.steps}
+        checkpoint.save(folder, step, model, optimizer, ema, state)
+
+    model.train()
+    bar = tqdm(total=tr.steps, initial=step, disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    loss_sum = torch.zeros((), device=device)
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    window_start, window_steps, window_samples, start_time = time.perf_counter(), 0, 0, time.perf_counter()
+    with metrics_path.open("a") as log:
+        while step < tr.steps:
+            high = curriculum_max(cfg, step)
+            batch = sample_batch(task, tr.batch_size, cfg.task.train_min, high, data,
+                                 tr.length_sampling == "per_sample").to(device)
+            lr = learning_rate(cfg, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = method.loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if tr.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+            optimizer.step()
+            if ema is not None:
+                with torch.no_grad():
+                    torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
+            step += 1
+            # accumulate on the device: no host sync per step on GPUs
+            loss_sum += loss.detach()
+            finite &= torch.isfinite(loss.detach())
+            window_steps += 1
+            window_samples += len(batch)
+            last = step == tr.steps
+            if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last:
+                if not bool(finite):
+                    bar.close()
+                    good = checkpoint.latest(folder)
+                    kept = f"the last good checkpoint {good} is kept" if good else "no checkpoint had been written"
+                    raise TrainingDiverged(f"loss became NaN or inf at or before step {step}; training stopped, {kept}")
+                elapsed = time.perf_counter() - window_start
+                row = {"step": step, "loss": float(loss_sum) / window_steps, "lr": lr, "max_length": high,
+                       "samples_per_s": window_samples / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}")
+                loss_sum.zero_()
+                window_start, window_steps, window_samples = time.perf_counter(), 0, 0
+                if step % tr.checkpoint_interval == 0 or last:
+                    save()
+            bar.update(1)
+    bar.close()
+    return {"step": step, "folder": str(folder), "device": str(device)}
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    checkpoint.write_atomic(path, "".join(ln + "\n" for ln in lines))
+
+
+def is_finished(folder: Path) -> bool:
+    path = checkpoint.latest(Path(folder)) if (Path(folder) / "checkpoints").exists() else None
+    return path is not None and bool(checkpoint.read_state(path).get("finished"))

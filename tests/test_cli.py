@@ -1,0 +1,111 @@
+"""The command line: tasks, train, eval, report, and one-line errors on bad input."""
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lengthgen.cli import main
+from lengthgen.tasks import TASKS
+
+TINY = ["--set=model.d_model=16", "--set=model.n_layer=1", "--set=model.n_head=2", "--set=task.name=parity",
+        "--set=task.train_max=4", "--set=train.batch_size=8", "--set=train.steps=20", "--set=train.device=cpu"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lengthgen", *args], capture_output=True, text=True)
+
+
+def test_tasks_lists_all_six(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    for name in TASKS:
+        assert name in out
+    assert len(TASKS) == 6
+
+
+def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("train", "experiments/core/copy-ntp.toml", "--set", "model.no_such_key=1", "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.no_such_key" in lines[0] and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "missing.toml"], "does not exist"),
+    (["train", "--set=model.n_head=3"], "model.n_head"),
+    (["train", "--set=task.name=sorting"], "task.name"),
+    (["eval", "no/such/run"], "does not exist"),
+    (["report", "no/such/dir"], "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_train_eval_report_round_trip(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        folder = runs / f"s{seed}"
+        assert main(["train", *TINY, f"--set=train.model_seed={seed}", "--out", str(folder), "--no-progress"]) == 0
+        assert (folder / "config.toml").is_file()
+        assert main(["eval", str(folder), "--lengths", "2:6:2", "--samples", "64", "--no-progress"]) == 0
+    # an existing run folder is refused without --force
+    assert main(["train", *TINY, "--out", str(runs / "s0"), "--no-progress"]) == 2
+    # re-evaluating other lengths keeps the earlier rows
+    assert main(["eval", str(runs / "s0"), "--lengths", "7", "--samples", "32", "--no-progress"]) == 0
+    with open(runs / "s0" / "eval.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["length"]) for r in rows] == [2, 4, 6, 7]
+    assert {"run", "task", "method", "seed", "length", "n", "accuracy", "token_accuracy"} <= set(rows[0])
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert (tmp_path / "report" / "accuracy_vs_length.png").stat().st_size > 10_000
+    # every number in the table is the mean ± standard error of the CSV rows
+    with open(runs / "s1" / "eval.csv") as f:
+        other = {int(r["length"]): float(r["accuracy"]) for r in csv.DictReader(f)}
+    for r in rows[:3]:
+        n, a, b = int(r["length"]), float(r["accuracy"]), other[int(r["length"])]
+        mean, err = (a + b) / 2, abs(a - b) / 2  # two seeds: sd / sqrt(2) = |a - b| / 2
+        name = f"**{n}**" if n > 4 else f"{n}"
+        assert f"| {name} | {mean:.3f} ± {err:.3f} (2) | 0.5 |" in report
+    assert "| **7** | " in report and "(1)" in report  # one seed at length 7: no error bar
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
+    folder = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(folder), "--no-progress"]) == 0
+    latest = folder / "checkpoints" / (folder / "checkpoints" / "latest").read_text()
+    weights = latest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main(["eval", str(folder), "--lengths", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "corrupt" in err[0]
+    shutil.rmtree(latest)
+    assert main(["eval", str(folder), "--no-progress"]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
+def test_report_statistics():
+    from lengthgen.report import aggregate, mean_stderr
+
+    mean, err = mean_stderr([0.2, 0.4, 0.9])
+    assert mean == pytest.approx(0.5)
+    assert err == pytest.approx(math.sqrt(((0.3**2 + 0.1**2 + 0.4**2) / 2) / 3))
+    base = {"task": "copy", "method": "ntp", "position": "nope", "n": 10, "token_accuracy": 1.0,
+            "train_max": 5, "baseline": 0.1, "step": 1}
+    rows = [{**base, "seed": s, "length": n, "accuracy": a} for s, n, a in
+            [(1, 9, 0.0), (0, 3, 1.0), (1, 3, 0.5), (0, 9, 0.2)]]
+    agg = {a["length"]: a for a in aggregate(rows)}
+    assert agg[3]["accuracy"] == pytest.approx(0.75) and agg[3]["seeds"] == 2
+    assert agg[9]["accuracy"] == pytest.approx(0.1) and agg[9]["stderr"] == pytest.approx(0.1)
+    from lengthgen.errors import UserError
+    with pytest.raises(UserError, match="several rows for one seed"):
+        aggregate(rows + rows[:1])

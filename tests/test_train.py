@@ -1,0 +1,142 @@
+"""Trainer: learning, curriculum, schedule, checkpoints, resume, divergence."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lengthgen import config
+from lengthgen.errors import TrainingDiverged, UserError
+from lengthgen.evaluate import accuracy_at, load_run
+from lengthgen.methods import NextTokenPrediction
+from lengthgen.tasks import get_task
+from lengthgen.train import curriculum_end, curriculum_max, learning_rate, sample_batch, train
+
+TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
+        "train.batch_size=8", "train.log_interval=5", "train.device=cpu"]
+
+
+def tiny(*extra: str):
+    return config.load(None, TINY + list(extra))
+
+
+def test_tiny_run_learns_copy(tmp_path):
+    """A small RoPE decoder must copy perfectly at its training lengths."""
+    cfg = config.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
+                             "model.position=rope", "train.steps=600", "train.lr=0.002", "train.warmup_steps=50",
+                             "train.log_interval=100", "train.checkpoint_interval=600", "train.device=cpu"])
+    train(cfg, tmp_path / "run", progress=False)
+    _, task, method, model, step = load_run(tmp_path / "run")
+    assert step == 600
+    for n in (3, 6):
+        acc, _ = accuracy_at(task, method, model, n, 256, 256, seed=7, device=torch.device("cpu"))
+        assert acc >= 0.95, (n, acc)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert losses[-1] < 0.1 * losses[0]
+
+
+def test_curriculum_and_schedules():
+    cfg = tiny("task.train_max=10", "train.curriculum_start=2", "train.curriculum_interval=100",
+               "train.steps=2000", "train.schedule=curriculum_cosine", "train.lr=0.01")
+    assert [curriculum_max(cfg, s) for s in (0, 99, 100, 250, 800, 5000)] == [2, 2, 3, 4, 10, 10]
+    assert curriculum_end(cfg) == 800
+    assert learning_rate(cfg, 0) == learning_rate(cfg, 799) == 0.01  # constant until the curriculum ends
+    assert learning_rate(cfg, 1400) == pytest.approx(0.005)  # halfway through the decay
+    assert learning_rate(cfg, 2000) == pytest.approx(0.0)
+    cos = tiny("train.steps=1000", "train.warmup_steps=100", "train.lr=0.01", "train.min_lr_ratio=0.1")
+    assert learning_rate(cos, 0) == pytest.approx(1e-4)
+    assert learning_rate(cos, 99) == pytest.approx(0.01)
+    assert learning_rate(cos, 550) == pytest.approx(0.0055)
+    assert learning_rate(cos, 1000) == pytest.approx(0.001)
+    assert curriculum_max(tiny(), 0) == 4  # no curriculum: the maximum from the start
+
+
+def test_sample_batch_lengths():
+    task, g = get_task("parity"), torch.Generator().manual_seed(0)
+    mixed = sample_batch(task, 512, 3, 9, g, per_sample=True)
+    assert set(mixed.lengths.tolist()) == set(range(3, 10))
+    single = sample_batch(task, 64, 3, 9, g, per_sample=False)
+    assert len(set(single.lengths.tolist())) == 1
+
+
+def test_run_folder_is_never_overwritten_without_force(tmp_path):
+    cfg = tiny("train.steps=5")
+    train(cfg, tmp_path / "run", progress=False)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(UserError, match="already exists"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    train(cfg, tmp_path / "run", force=True, progress=False)
+    with pytest.raises(UserError, match="no checkpoint"):
+        train(cfg, tmp_path / "empty", resume=True, progress=False)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = NextTokenPrediction.loss
+
+    def poisoned(self, model, batch):
+        calls["n"] += 1
+        loss = real(self, model, batch)
+        return loss * float("nan") if calls["n"] > 12 else loss
+
+    monkeypatch.setattr(NextTokenPrediction, "loss", poisoned)
+    cfg = tiny("train.steps=40", "train.checkpoint_interval=10")
+    with pytest.raises(TrainingDiverged, match="NaN or inf"):
+        train(cfg, tmp_path / "run", progress=False)
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text()
+    assert latest == "step_00000010"
+    weights = load_file(tmp_path / "run" / "checkpoints" / latest / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_ema_weights_follow_the_recursion(tmp_path):
+    cfg = tiny("train.steps=1", "train.ema=0.9", "train.lr=0.05")
+    torch.manual_seed(cfg.train.model_seed)
+    init = NextTokenPrediction().build_model(cfg, get_task("copy")).state_dict()
+    train(cfg, tmp_path / "run", progress=False)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000001"
+    new, ema = load_file(ckpt / "model.safetensors"), load_file(ckpt / "ema.safetensors")
+    name = "blocks.0.mlp.fc.weight" if "blocks.0.mlp.fc.weight" in new else next(k for k in new if k.endswith("weight") and new[k].dim() == 2)
+    assert not torch.equal(new[name], init[name])
+    assert torch.allclose(ema[name], 0.9 * init[name] + 0.1 * new[name], atol=1e-6)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lengthgen", *args]
+
+
+def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
+    """Kill a run after its first checkpoints, resume it: same final step, same weights."""
+    sets = [f"--set={s}" for s in TINY + ["train.steps=300", "train.checkpoint_interval=25", "train.threads=1"]]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(_cli("train", *sets, "--out", str(whole), "--no-progress"), check=True, capture_output=True)
+    proc = subprocess.Popen(_cli("train", *sets, "--out", str(killed), "--no-progress"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pointer = killed / "checkpoints" / "latest"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (pointer.exists() and pointer.read_text() >= "step_00000050"):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = int(pointer.read_text().split("_")[1])
+    assert 50 <= saved < 300, "the run finished before it could be killed; make it longer"
+    # a loaded state equals what was saved
+    _, _, _, model, step = load_run(killed)
+    stored = load_file(killed / "checkpoints" / pointer.read_text() / "model.safetensors")
+    assert step == saved
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in stored.items())
+    subprocess.run(_cli("train", "--resume", "--out", str(killed), "--no-progress"), check=True, capture_output=True)
+    a = load_file(whole / "checkpoints" / "step_00000300" / "model.safetensors")
+    b = load_file(killed / "checkpoints" / "step_00000300" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 300
