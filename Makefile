@@ -18,10 +18,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# Copy with next-token prediction, RoPE vs ALiBi, 2 seeds each: train, evaluate, report.
+# Copy with next-token prediction, RoPE vs ALiBi, 3 seeds each: train, evaluate, report.
 # Runs that already have results are kept, so an interrupted demo continues.
 demo: install
-	@for pos in rope alibi; do for seed in 0 1; do \
+	@for pos in rope alibi; do for seed in 0 1 2; do \
 	  run=$(DEMO)/copy-ntp-$$pos-s$$seed; \
 	  [ -f $$run/eval.csv ] && continue; \
 	  $(BIN)/lengthgen train experiments/core/copy-ntp.toml --set model.position=$$pos \

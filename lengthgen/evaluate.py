@@ -75,7 +75,10 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     batch_size = batch_size or cfg.eval.batch_size
     rows = []
     for length in tqdm(lengths, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
-        acc, tok = accuracy_at(task, method, model, length, samples, batch_size, seed, device)
+        try:
+            acc, tok = accuracy_at(task, method, model, length, samples, batch_size, seed, device)
+        except ValueError as err:  # e.g. a length past the learned position table
+            raise UserError(f"cannot evaluate length {length}: {err}") from None
         rows.append(row(folder, cfg, length, samples, acc, tok, task.random_baseline(length), step))
     write_rows(folder / "eval.csv", rows)
     return rows

@@ -76,3 +76,13 @@ def test_parse_lengths():
     assert config.parse_lengths("3,1,7") == [3, 1, 7]
     with pytest.raises(ConfigError):
         config.parse_lengths("5:1")
+
+
+def test_every_key_is_documented():
+    from dataclasses import fields
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    cfg = config.Config()
+    for section in ("task", "model", "train", "eval"):
+        for f in fields(getattr(cfg, section)):
+            assert f"`{section}.{f.name}`" in doc, f"{section}.{f.name} missing from docs/configuration.md"

@@ -1,0 +1,151 @@
+"""Looped transformer (Fan et al., ICLR 2025) and its step-dependent loss.
+
+One stack of `n_layer` blocks is applied T times. With input injection
+(the paper's method) h_0 = 0 and h_t = ln_f(blocks(h_{t-1} + e)); without it
+h_0 = e and h_t = ln_f(blocks(h_{t-1})). The final LayerNorm sits inside the
+loop, as in the authors' code, so the recurrent state is normalised and the
+read-out after any iteration is lm_head(h_t) with no further norm.
+
+Whole-answer prediction: the model reads `batch.blank_answers().inputs` and
+predicts every scored target (answer + EOS) in one pass after T_i = n_steps[i]
+iterations, each sample at its own T_i.
+
+Two schemes compute that per-sample objective (identical loss and gradients):
+- "max" (the authors'): every sample runs max_i T_i iterations and each one's
+  state is picked at its own T_i; short samples pay for iterations they discard.
+- "prefix" (default): samples are sorted by T_i descending, so at iteration t
+  the samples still running (T_i >= t) are a prefix h[:k_t]; the block runs on
+  that prefix only, trimmed to the prefix's widest scored region (attention is
+  causal, so columns past a sample's last scored position never influence it).
+  A sample's logits are read out the iteration it finishes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ModelConfig
+from .model import Transformer
+from .positions import PositionalScheme
+from .tasks import IGNORE, Batch
+
+LOSS_SCHEMES = ("prefix", "max")
+
+
+def take_rows(pos: Tensor, index) -> Tensor:
+    """Rows of position ids (B, L); (1, L) ids are shared by every row."""
+    return pos if pos.shape[0] == 1 else pos[index]
+
+
+def scored_width(batch: Batch) -> Tensor:
+    """(B,) columns each sample needs: one past its last scored position."""
+    return batch.question_len + batch.scored.sum(1) - 1
+
+
+class LoopedTransformer(Transformer):
+    """Transformer whose block stack is looped; read out after any iteration.
+
+    State API (also used by the stop rules, which drop finished rows):
+        h, e, pos = model.start(inputs, position_ids)   # h_0, injection e, ids
+        h = model.step(h, e, pos)                        # one iteration
+        logits = model.read(h)                           # (B, L, V)
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, injection: bool = True,
+                 scheme: PositionalScheme | None = None):
+        super().__init__(cfg, vocab_size, scheme)
+        self.injection = injection
+
+    def start(self, inputs: Tensor, position_ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        pos = self.position_ids_for(inputs, position_ids)  # (B|1, L)
+        e = self.embed(inputs, pos)  # (B, L, D)
+        return (torch.zeros_like(e) if self.injection else e), e, pos
+
+    def step(self, h: Tensor, e: Tensor, pos: Tensor) -> Tensor:
+        return self.ln_f(self.run_blocks(h + e if self.injection else h, pos))  # (B, L, D)
+
+    def read(self, h: Tensor) -> Tensor:
+        return self.lm_head(h)  # (B, L, V); h is already normalised by the loop
+
+    def iterate(self, inputs: Tensor, position_ids: Tensor | None, n_steps: int):
+        """Yield the logits (B, L, V) after iterations 1..n_steps."""
+        h, e, pos = self.start(inputs, position_ids)
+        for _ in range(n_steps):
+            h = self.step(h, e, pos)
+            yield self.read(h)
+
+    def forward(self, inputs: Tensor, position_ids: Tensor | None = None, n_steps: int = 1) -> Tensor:
+        """Logits (B, L, V) after `n_steps` iterations for every row."""
+        h, e, pos = self.start(inputs, position_ids)
+        for _ in range(n_steps):
+            h = self.step(h, e, pos)
+        return self.read(h)
+
+    def flops_per_token(self, seq_len: int, n_steps: int = 1) -> int:
+        """Forward + backward FLOPs per token of `n_steps` iterations: the block
+        part of the plain count is paid once per iteration, lm_head once."""
+        L, D, V = self.cfg.n_layer, self.cfg.d_model, self.vocab_size
+        head = 6 * V * D
+        return n_steps * (super().flops_per_token(seq_len) - head) + head
+
+
+def per_sample_steps(batch: Batch) -> Tensor:
+    """(B,) T_i, at least 1 (a read-out of h_0 would skip the block entirely)."""
+    return batch.n_steps.clamp(min=1)
+
+
+def oracle_logits(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
+    """(B, L, V) logits of each sample after its own T_i iterations, reading the
+    blanked inputs. `scheme` "prefix" (cheap) or "max" (the authors'): same values."""
+    if scheme == "max":
+        return _logits_max(model, batch)
+    if scheme != "prefix":
+        raise ValueError(f"unknown loss scheme {scheme!r}; choose from {', '.join(LOSS_SCHEMES)}")
+    return _logits_prefix(model, batch)
+
+
+def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
+    inputs = batch.blank_answers().inputs
+    steps = per_sample_steps(batch)
+    h, e, pos = model.start(inputs, batch.position_ids)
+    picked = torch.zeros_like(h)  # (B, L, D): state of each sample at its own T_i
+    for t in range(1, int(steps.max()) + 1):
+        h = model.step(h, e, pos)
+        picked = torch.where((steps == t)[:, None, None], h, picked)
+    return model.read(picked)
+
+
+def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
+    B, L = batch.inputs.shape
+    steps = per_sample_steps(batch)
+    order = torch.argsort(steps, descending=True, stable=True)  # (B,) longest-running first
+    steps_sorted = steps[order].tolist()  # one host sync; the loop bounds need it anyway
+    # columns the prefix rows 0..k-1 need: running max over the sorted widths
+    width = scored_width(batch)[order].cummax(0).values.tolist()
+    inputs = batch.blank_answers().inputs[order, :width[-1]]  # (B, W)
+    pos_ids = batch.position_ids[order, :width[-1]] if batch.position_ids is not None else None
+    h, e, pos = model.start(inputs, pos_ids)
+    out: list[Tensor] = []  # logits of finished groups, latest-finishing last
+    k = B  # rows 0..k-1 are still running
+    for t in range(1, steps_sorted[0] + 1):
+        while steps_sorted[k - 1] < t:  # samples with T_i < t have finished
+            k -= 1
+        w = width[k - 1]
+        h, e, pos = h[:k, :w], e[:k, :w], take_rows(pos, slice(0, k))[:, :w]
+        h = model.step(h, e, pos)  # (k, w, D)
+        done = k
+        while done > 0 and steps_sorted[done - 1] == t:
+            done -= 1
+        if done < k:  # rows done..k-1 finish at iteration t
+            logits = model.read(h[done:k])  # (k - done, w, V)
+            out.append(F.pad(logits, (0, 0, 0, L - w)))
+    logits = torch.cat(out[::-1])  # groups finished shortest-first, i.e. from the end of `order`
+    return logits[torch.argsort(order)]  # (B, L, V) in batch order
+
+
+def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
+    """Mean cross-entropy over every scored token of the batch, each sample
+    read out at its own T_i."""
+    logits = oracle_logits(model, batch, scheme)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)

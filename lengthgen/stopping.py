@@ -1,0 +1,173 @@
+"""Stop rules of a looped model at inference, and the per-step record.
+
+Every rule reads `batch.blank_answers()` and returns (pred (B, L) argmax ids,
+steps (B,) long: the iteration each sample was read out at). Only the scored
+positions of `pred` count (as for `Method.predict`); the answer region is
+known from the batch in evaluation.
+
+The model only needs the state API of LoopedTransformer: start / step / read.
+
+Confidence loss of a step t: -log max softmax of the step-t logits, i.e. the
+cross-entropy against their own argmax, averaged over answer (scored) positions.
+Ties pick the earliest step (strict improvement only), like argmin.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .looped import oracle_logits, per_sample_steps, scored_width, take_rows
+from .tasks import Batch
+
+RULES = ("oracle", "fixed", "confidence", "confidence-per-sample")
+
+
+def token_confidence(logits: Tensor) -> Tensor:
+    """(B, L, V) -> (B, L): -log max softmax, >= 0 (0 = certain)."""
+    return -torch.log_softmax(logits.float(), -1).max(-1).values
+
+
+def _start(model, batch: Batch):
+    """h_0, e, pos of the blanked batch trimmed to its widest scored region."""
+    w = int(scored_width(batch).max())
+    pos = batch.position_ids[:, :w] if batch.position_ids is not None else None
+    return model.start(batch.blank_answers().inputs[:, :w], pos), w
+
+
+def _full(pred: Tensor, L: int) -> Tensor:
+    return torch.nn.functional.pad(pred, (0, L - pred.shape[1]))  # (B, L)
+
+
+@torch.no_grad()
+def oracle(model, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Each sample read out at its own T(n)."""
+    return oracle_logits(model, batch).argmax(-1), per_sample_steps(batch)
+
+
+@torch.no_grad()
+def fixed(model, batch: Batch, n: int) -> tuple[Tensor, Tensor]:
+    """Every sample read out after exactly n iterations."""
+    (h, e, pos), _ = _start(model, batch)
+    for _ in range(n):
+        h = model.step(h, e, pos)
+    pred = _full(model.read(h).argmax(-1), batch.inputs.shape[1])
+    return pred, torch.full((len(batch),), n, dtype=torch.long, device=pred.device)
+
+
+@torch.no_grad()
+def confidence(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
+    """Published rule: one step t* for the whole batch, the argmin over t <= t_max
+    of the confidence loss averaged over all the batch's answer positions."""
+    (h, e, pos), w = _start(model, batch)
+    scored = batch.scored[:, :w]
+    best, pred, best_t = math.inf, None, 0
+    for t in range(1, t_max + 1):
+        h = model.step(h, e, pos)
+        logits = model.read(h)  # (B, w, V)
+        conf = float(token_confidence(logits)[scored].mean())
+        if conf < best:
+            best, pred, best_t = conf, logits.argmax(-1), t
+    pred = _full(pred, batch.inputs.shape[1])
+    return pred, torch.full((len(batch),), best_t, dtype=torch.long, device=pred.device)
+
+
+@torch.no_grad()
+def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None = None,
+                          stats: dict | None = None) -> tuple[Tensor, Tensor]:
+    """Per-sample argmin over t <= t_max of the sample's own confidence loss.
+
+    Retirement (a sample stops iterating, the others go on with fewer rows):
+    - always, once its best confidence loss is exactly 0: the loss is >= 0, so
+      no later step can improve strictly; this never changes the result.
+    - with `patience` p, once p iterations in a row have not improved its best.
+      Exact when the loss is unimodal in t (falls to the right step, then
+      rises); otherwise it may stop at a local minimum. patience=None is the
+      plain argmin over all t <= t_max.
+    `stats["sample_steps"]` (if a dict is given) gets the iterations run summed
+    over samples, the cost compared with t_max * B.
+    """
+    B, L = batch.inputs.shape
+    (h, e, pos), _ = _start(model, batch)
+    scored, width = batch.scored, scored_width(batch)
+    best = torch.full((B,), math.inf, device=h.device)
+    steps = torch.zeros(B, dtype=torch.long, device=h.device)
+    stale = torch.zeros(B, dtype=torch.long, device=h.device)  # iterations since the last improvement
+    pred = torch.zeros(B, L, dtype=torch.long, device=h.device)
+    active = torch.arange(B, device=h.device)  # rows of h are these samples
+    spent = 0
+    for t in range(1, t_max + 1):
+        w = int(width[active].max())  # trimming is exact: attention is causal
+        h, e, pos = h[:, :w], e[:, :w], pos[:, :w]
+        h = model.step(h, e, pos)  # (k, w, D)
+        spent += len(active)
+        logits = model.read(h)  # (k, w, V)
+        sc = scored[active, :w]
+        conf = (token_confidence(logits) * sc).sum(1) / sc.sum(1).clamp(min=1)  # (k,)
+        better = conf < best[active]
+        idx = active[better]
+        best[idx], steps[idx] = conf[better], t
+        pred[idx, :w] = logits[better].argmax(-1)
+        stale[active] = torch.where(better, 0, stale[active] + 1)
+        retire = best[active] <= 0
+        if patience is not None:
+            retire |= stale[active] >= patience
+        if bool(retire.any()):
+            keep = ~retire
+            active, h, e, pos = active[keep], h[keep], e[keep], take_rows(pos, keep)
+            if len(active) == 0:
+                break
+    if stats is not None:
+        stats["sample_steps"] = spent
+    return pred, steps
+
+
+@torch.no_grad()
+def per_step(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
+    """For t = 1..t_max: exact match (t_max, B) bool and per-sample mean
+    confidence loss (t_max, B) of the step-t read-out, for `eval --per-step`."""
+    (h, e, pos), w = _start(model, batch)
+    scored, targets = batch.scored[:, :w], batch.targets[:, :w]
+    exact, conf = [], []
+    for _ in range(t_max):
+        h = model.step(h, e, pos)
+        logits = model.read(h)  # (B, w, V)
+        exact.append(((logits.argmax(-1) == targets) | ~scored).all(1))
+        conf.append((token_confidence(logits) * scored).sum(1) / scored.sum(1).clamp(min=1))
+    return torch.stack(exact), torch.stack(conf)
+
+
+def parse_rule(rule: str) -> tuple[str, list[int]]:
+    """'fixed:12' -> ('fixed', [12]); 'confidence-per-sample:40:3' -> (name, [t_max, patience])."""
+    name, *args = rule.split(":")
+    try:
+        numbers = [int(a) for a in args]
+    except ValueError:
+        numbers = None
+    limits = {"oracle": (0, 0), "fixed": (1, 1), "confidence": (0, 1), "confidence-per-sample": (0, 2)}
+    if name not in limits or numbers is None or not limits[name][0] <= len(numbers) <= limits[name][1] \
+            or any(n < 1 for n in numbers):
+        raise ValueError(f"stop rule {rule!r} is not one of: oracle, fixed:N, confidence[:T_MAX], "
+                         "confidence-per-sample[:T_MAX[:PATIENCE]] (positive integers)")
+    return name, numbers
+
+
+def default_t_max(batch: Batch) -> int:
+    """Search bound of the confidence rules when none is given: twice the
+    batch's largest T(n) (the rule must see steps past the right one)."""
+    return 2 * int(per_sample_steps(batch).max())
+
+
+def predict_stop(model, batch: Batch, rule: str) -> tuple[Tensor, Tensor]:
+    """Dispatch a rule string: oracle | fixed:N | confidence[:T_MAX] |
+    confidence-per-sample[:T_MAX[:PATIENCE]]."""
+    name, args = parse_rule(rule)
+    if name == "oracle":
+        return oracle(model, batch)
+    if name == "fixed":
+        return fixed(model, batch, args[0])
+    t_max = args[0] if args else default_t_max(batch)
+    if name == "confidence":
+        return confidence(model, batch, t_max)
+    return confidence_per_sample(model, batch, t_max, args[1] if len(args) > 1 else None)
