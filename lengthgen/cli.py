@@ -1,4 +1,4 @@
-"""`lengthgen tasks|train|eval|report`.
+"""`lengthgen tasks|train|eval|report|reproduce`.
 
 Bad input (unknown key, wrong type, impossible value, missing file, corrupt
 checkpoint, existing run folder) is one line on stderr and exit code 2,
@@ -50,9 +50,9 @@ def cmd_eval(args) -> None:
     if args.lengths is None:
         args.lengths = load_run(args.run)[0].eval.lengths
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
-                        args.seed, progress=not args.no_progress)
+                        args.seed, stop=args.stop, per_step=args.per_step, progress=not args.no_progress)
     print(format_table(rows))
-    print(f"wrote {Path(args.run) / 'eval.csv'}")
+    print(f"wrote {Path(args.run) / 'eval.csv'}" + (f" and {Path(args.run) / 'per_step.csv'}" if args.per_step else ""))
 
 
 def cmd_report(args) -> None:
@@ -63,6 +63,16 @@ def cmd_report(args) -> None:
     path = write_report(args.dirs, out, command=command)
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and {out / 'accuracy_vs_length.png'}")
+
+
+def cmd_reproduce(args) -> None:
+    from .reproduce import reproduce
+
+    split = lambda text: [t.strip() for t in text.split(",") if t.strip()] if text else None  # noqa: E731
+    path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.methods),
+                     Path(args.out) if args.out else None, args.workers, args.samples, progress=not args.no_progress)
+    print(path.read_text())
+    print(f"wrote {path} (with results.csv and figures beside it)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,6 +99,10 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--samples", type=int, default=512, help="test samples per length")
     e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's eval.seed)")
+    e.add_argument("--stop", help="looped methods: oracle (default), fixed:N, confidence[:T_MAX], "
+                   "confidence-per-sample[:T_MAX[:PATIENCE]]")
+    e.add_argument("--per-step", action="store_true",
+                   help="looped methods: also record accuracy and confidence after every iteration -> per_step.csv")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval)
 
@@ -96,6 +110,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("dirs", nargs="+", help="run folders or folders containing runs")
     r.add_argument("--out", help="where to write report.md, results.csv and the figure (default: the first DIR)")
     r.set_defaults(func=cmd_report)
+    rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
+    rp.add_argument("paper", help="looped")
+    rp.add_argument("--scale", default="cpu", help="cpu (minutes on 2 cores) or paper (published hyperparameters)")
+    rp.add_argument("--seeds", type=int, default=3)
+    rp.add_argument("--tasks", help="comma list (default: all of the paper's tasks)")
+    rp.add_argument("--methods", help="comma list (default: looped, ntp, looped-wo-injection)")
+    rp.add_argument("--out", help="output folder (default runs/reproduce-<paper>-<scale>)")
+    rp.add_argument("--workers", type=int, default=2, help="runs trained in parallel")
+    rp.add_argument("--samples", type=int, default=0, help="test samples per length (default: the presets')")
+    rp.add_argument("--no-progress", action="store_true")
+    rp.set_defaults(func=cmd_reproduce)
     return p
 
 

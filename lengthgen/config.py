@@ -59,6 +59,7 @@ class TrainConfig:
     data_seed: int = 0  # seeds the training data stream
     device: str = "auto"  # auto (cuda, then mps, then cpu), or a torch device string
     threads: int = 0  # torch CPU threads; 0 = torch's default
+    precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
     log_interval: int = 50  # steps between metric lines in metrics.jsonl
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
 
@@ -82,6 +83,7 @@ class Config:
 
 SCHEDULES = ("cosine", "curriculum_cosine", "constant")
 LENGTH_SAMPLING = ("per_sample", "per_batch")
+PRECISIONS = ("fp32", "bf16")
 
 
 def _hint(key: str, options) -> str:
@@ -195,6 +197,7 @@ def validate(cfg: Config) -> Config:
           f"train.curriculum_start ({tr.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
     check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
+    check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
     check(tr.threads >= 0, f"train.threads must be >= 0, got {tr.threads}")
     check(tr.device == "auto" or tr.device.split(":")[0] in ("cpu", "cuda", "mps"),
           f"train.device {tr.device!r} must be auto, cpu, cuda[:i] or mps")

@@ -9,6 +9,7 @@ previous evaluation at other lengths are kept.
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import torch
@@ -19,12 +20,15 @@ from .config import Config, from_dict
 from .errors import UserError
 from .methods import Method, get_method, score
 from .tasks import Task, get_task
-from .train import pick_device
+from .train import autocast, pick_device
 
-COLUMNS = ["run", "task", "method", "position", "seed", "length", "n", "accuracy", "token_accuracy",
-           "train_max", "baseline", "step"]
-# n: test samples at this length; baseline: exact-match chance of a uniform random guess;
-# step: training step of the evaluated weights
+COLUMNS = ["run", "task", "method", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
+           "stop_step", "train_max", "baseline", "step"]
+# stop: the looped model's stop rule ("" for methods without one); stop_step: mean read-out
+# iteration under that rule; n: test samples at this length; baseline: exact-match chance of
+# a uniform random guess; step: training step of the evaluated weights
+PER_STEP_COLUMNS = ["run", "task", "method", "position", "seed", "length", "n", "iteration", "accuracy",
+                    "confidence", "oracle_step", "train_max"]
 
 
 def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
@@ -51,44 +55,97 @@ def eval_generator(seed: int, length: int) -> torch.Generator:
 
 @torch.no_grad()
 def accuracy_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int,
-                seed: int, device: torch.device) -> tuple[float, float]:
-    """(exact-match accuracy, token accuracy) over `samples` test samples of one length."""
+                seed: int, device: torch.device, stop: str | None = None) -> tuple[float, float, float]:
+    """(exact-match accuracy, token accuracy, mean read-out step) over `samples` test samples
+    of one length; the step is NaN for methods without a stop rule."""
     generator = eval_generator(seed, length)
-    exact_sum = token_sum = 0.0
+    exact_sum = token_sum = step_sum = 0.0
     done = 0
     while done < samples:
         size = min(batch_size, samples - done)
         batch = task.sample(size, length, generator).to(device)
-        exact, token = score(method.predict(model, batch), batch)
+        if stop is None:
+            pred, steps = method.predict(model, batch), None
+        else:
+            pred, steps = method.predict_stop(model, batch, stop)
+        exact, token = score(pred, batch)
         exact_sum += float(exact.float().sum())
         token_sum += float(token.sum())
+        step_sum += float(steps.float().sum()) if steps is not None else math.nan
         done += size
-    return exact_sum / samples, token_sum / samples
+    return exact_sum / samples, token_sum / samples, step_sum / samples
+
+
+@torch.no_grad()
+def per_step_at(task: Task, model, length: int, samples: int, batch_size: int, seed: int,
+                device: torch.device) -> list[dict]:
+    """Accuracy and confidence loss after every iteration t <= 2 T(n), same test samples as accuracy_at."""
+    from .stopping import per_step
+
+    generator = eval_generator(seed, length)
+    exact_sum = conf_sum = oracle_sum = None
+    done = 0
+    while done < samples:
+        size = min(batch_size, samples - done)
+        batch = task.sample(size, length, generator).to(device)
+        t_max = 2 * int(batch.n_steps.max())  # the same bound as the confidence rules' default
+        exact, conf = per_step(model, batch, t_max)  # (t_max, B) each
+        if exact_sum is None:
+            exact_sum, conf_sum, oracle_sum = exact.float().sum(1), conf.sum(1), 0.0
+        else:  # T(n) can differ between batches (multiplication): keep the common steps
+            t = min(len(exact_sum), len(exact))
+            exact_sum, conf_sum = exact_sum[:t] + exact[:t].float().sum(1), conf_sum[:t] + conf[:t].sum(1)
+        oracle_sum += float(batch.n_steps.float().sum())
+        done += size
+    return [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / samples,
+             "confidence": float(c) / samples, "oracle_step": oracle_sum / samples}
+            for t, (a, c) in enumerate(zip(exact_sum, conf_sum))]
 
 
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
-                 seed: int | None = None, progress: bool = True) -> list[dict]:
+                 seed: int | None = None, stop: str | None = None, per_step: bool = False,
+                 progress: bool = True) -> list[dict]:
+    """Evaluate a run at `lengths`; write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
     folder = Path(folder)
     cfg, task, method, model, step = load_run(folder)
+    looped = hasattr(method, "predict_stop")
+    if stop is not None and not looped:
+        raise UserError(f"--stop applies to looped methods; {folder} was trained with method {cfg.method!r}")
+    if per_step and not looped:
+        raise UserError(f"--per-step applies to looped methods; {folder} was trained with method {cfg.method!r}")
+    if looped:
+        from .stopping import parse_rule
+        stop = stop or "oracle"
+        try:
+            parse_rule(stop)
+        except ValueError as err:
+            raise UserError(str(err)) from None
     device = next(model.parameters()).device
     seed = cfg.eval.seed if seed is None else seed
     batch_size = batch_size or cfg.eval.batch_size
-    rows = []
+    rows, steps_rows = [], []
     for length in tqdm(lengths, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
-            acc, tok = accuracy_at(task, method, model, length, samples, batch_size, seed, device)
+            with autocast(device, cfg.train.precision):
+                acc, tok, at = accuracy_at(task, method, model, length, samples, batch_size, seed, device, stop)
+                if per_step:
+                    steps_rows += per_step_at(task, model, length, samples, batch_size, seed, device)
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
-        rows.append(row(folder, cfg, length, samples, acc, tok, task.random_baseline(length), step))
+        rows.append(row(folder, cfg, length, samples, acc, tok, task.random_baseline(length), step, stop, at))
     write_rows(folder / "eval.csv", rows)
+    if per_step:
+        ident = {k: v for k, v in rows[0].items() if k in PER_STEP_COLUMNS}
+        write_csv(folder / "per_step.csv", [{**ident, **r} for r in steps_rows], PER_STEP_COLUMNS)
     return rows
 
 
 def row(folder: Path, cfg: Config, length: int, samples: int, acc: float, tok: float,
-        baseline: float, step: int) -> dict:
+        baseline: float, step: int, stop: str | None = None, stop_step: float = math.nan) -> dict:
     return {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
-            "seed": cfg.train.model_seed, "length": length, "n": samples, "accuracy": acc,
-            "token_accuracy": tok, "train_max": cfg.task.train_max, "baseline": baseline, "step": step}
+            "stop": stop or "", "seed": cfg.train.model_seed, "length": length, "n": samples, "accuracy": acc,
+            "token_accuracy": tok, "stop_step": stop_step, "train_max": cfg.task.train_max,
+            "baseline": baseline, "step": step}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -100,31 +157,38 @@ def read_rows(path: Path) -> list[dict]:
     for r in rows:
         for key in ("seed", "length", "n", "train_max", "step"):
             r[key] = int(r[key])
-        for key in ("accuracy", "token_accuracy", "baseline"):
+        for key in ("accuracy", "token_accuracy", "baseline", "stop_step"):
             r[key] = float(r[key])
     return rows
 
 
-def write_rows(path: Path, rows: list[dict]) -> None:
-    """Merge into an existing eval.csv: new rows replace old ones of the same length."""
-    path = Path(path)
-    new_lengths = {r["length"] for r in rows}
-    old = [r for r in read_rows(path) if r["length"] not in new_lengths] if path.exists() else []
-    merged = sorted(old + rows, key=lambda r: r["length"])
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerows({k: r[k] for k in COLUMNS} for r in merged)
+        writer.writerows({k: r[k] for k in columns} for r in rows)
     tmp.replace(path)
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Merge into an existing eval.csv: new rows replace old ones of the same (length, stop)."""
+    path = Path(path)
+    new_keys = {(r["length"], r["stop"]) for r in rows}
+    old = [r for r in read_rows(path) if (r["length"], r["stop"]) not in new_keys] if path.exists() else []
+    write_csv(path, sorted(old + rows, key=lambda r: (r["stop"], r["length"])), COLUMNS)
 
 
 def format_table(rows: list[dict]) -> str:
     """Plain-text table of one run's rows, lengths beyond training marked."""
-    lines = [f"{'length':>7}  {'accuracy':>8}  {'token_acc':>9}  {'random':>8}"]
+    stop = rows[0]["stop"]
+    lines = [f"{'length':>7}  {'accuracy':>8}  {'token_acc':>9}  {'random':>8}" + ("  stop_step" if stop else "")]
     for r in rows:
         mark = " *" if r["length"] > r["train_max"] else ""
-        lines.append(f"{r['length']:>7}  {r['accuracy']:>8.4f}  {r['token_accuracy']:>9.4f}  {r['baseline']:>8.2g}{mark}")
+        at = f"  {r['stop_step']:>9.2f}" if stop else ""
+        lines.append(f"{r['length']:>7}  {r['accuracy']:>8.4f}  {r['token_accuracy']:>9.4f}  {r['baseline']:>8.2g}{at}{mark}")
+    if stop:
+        lines.append(f"stop rule: {stop}")
     if any(r["length"] > r["train_max"] for r in rows):
         lines.append(f"* beyond training (length > train_max = {rows[0]['train_max']})")
     return "\n".join(lines)

@@ -11,6 +11,14 @@ step sees only correct earlier tokens), and if any is wrong greedy decoding
 goes wrong at the first such position. So the two exact-match scores are
 identical, and one pass costs a fraction of T decoding passes.
 `token_accuracy` is the teacher-forced per-token accuracy.
+
+`looped` / `looped-wo-injection` are the looped transformer with whole-answer
+prediction and step-dependent supervision (lengthgen.looped); `predict` stops
+at the oracle T(n), `predict_stop` takes any rule of lengthgen.stopping.
+Baselines: `ntp-loop` (next-token prediction through the looped block run a
+fixed T(train_max) times, with input injection like the looped model, so only
+the output format and the adaptive depth differ) and `ntp-pause` (T(n) BLANK
+pause tokens between question and answer, see `pause_batch`).
 """
 from __future__ import annotations
 
@@ -20,7 +28,8 @@ from torch import Tensor, nn
 
 from .config import Config
 from .model import Transformer
-from .tasks import IGNORE, Batch, Task
+from .looped import LoopedTransformer, oracle_logits
+from .tasks import BLANK, IGNORE, PAD, Batch, Task
 
 
 class Method:
@@ -49,7 +58,84 @@ class NextTokenPrediction(Method):
         return model(batch.inputs, batch.position_ids)
 
 
-METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction}
+class Looped(Method):
+    name = "looped"
+    injection = True
+    loss_scheme = "prefix"  # or "max" (the authors' way): same loss and gradients, more compute
+
+    def build_model(self, cfg, task):
+        return LoopedTransformer(cfg.model, task.vocab_size, injection=self.injection)
+
+    def logits(self, model, batch):  # each sample after its own T(n) iterations
+        return oracle_logits(model, batch, self.loss_scheme)
+
+    def predict_stop(self, model, batch: Batch, rule: str = "oracle") -> tuple[Tensor, Tensor]:
+        """(pred (B, L), read-out step (B,)) under a stop rule, see lengthgen.stopping."""
+        from .stopping import predict_stop
+        return predict_stop(model, batch, rule)
+
+
+class LoopedNoInjection(Looped):
+    name = "looped-wo-injection"
+    injection = False
+
+
+def steps_at(task: Task, length: int) -> int:
+    """T(length): the largest n_steps over a fixed sample (it varies with the
+    sample for multiplication, whose T is len(a) * n)."""
+    return int(task.sample(256, length, torch.Generator().manual_seed(0)).n_steps.max())
+
+
+class NTPLoop(Method):
+    name = "ntp-loop"
+
+    def build_model(self, cfg, task):
+        model = LoopedTransformer(cfg.model, task.vocab_size, injection=True)
+        model.n_loops = steps_at(task, cfg.task.train_max)  # rebuilt with the model, not a weight
+        return model
+
+    def logits(self, model, batch):
+        return model(batch.inputs, batch.position_ids, n_steps=model.n_loops)
+
+
+def pause_batch(batch: Batch, n_pause: Tensor | None = None) -> Batch:
+    """Insert n_pause[b] (default T(n) = n_steps) BLANK pause tokens after the
+    question of row b. The pauses join the question (question_len grows), so
+    the scored region, answer + EOS, shifts right by n_pause[b]. Vectorised."""
+    if batch.position_ids is not None:
+        raise ValueError("ntp-pause does not support explicit position_ids")
+    p = (batch.n_steps if n_pause is None else n_pause).clamp(min=0)[:, None]  # (B, 1)
+    q = batch.question_len[:, None]  # (B, 1)
+    B, L = batch.inputs.shape
+    scored_end = q + batch.scored.sum(1, keepdim=True) - 1 + p  # (B, 1) one past the last scored column
+    width = int(scored_end.max())
+    j = torch.arange(width, device=p.device)[None, :]  # (1, W')
+    src = (j - p).clamp(0, L - 1)  # (B, W') column of the original batch after the pauses
+    shifted_in = torch.where(j - p < L, batch.inputs.gather(1, src), PAD)
+    inputs = torch.where(j < q, batch.inputs.gather(1, j.clamp(max=L - 1).expand(B, -1)),
+                         torch.where(j < q + p, BLANK, shifted_in))
+    targets = torch.where((j >= q - 1 + p) & (j < scored_end), batch.targets.gather(1, src), IGNORE)
+    return Batch(inputs=inputs, targets=targets, question_len=batch.question_len + p[:, 0],
+                 lengths=batch.lengths, n_steps=batch.n_steps)
+
+
+class NTPPause(Method):
+    name = "ntp-pause"
+
+    def logits(self, model, batch):
+        """(B, L, V) in the original layout: scored position j of row b reads
+        the paused logits at j + n_pause[b]."""
+        paused = pause_batch(batch)
+        logits = model(paused.inputs)  # (B, W', V)
+        j = torch.arange(batch.inputs.shape[1], device=logits.device)[None, :]
+        p = batch.n_steps.clamp(min=0)[:, None]
+        src = torch.where(j >= batch.question_len[:, None] - 1, j + p, j).clamp(max=logits.shape[1] - 1)
+        return logits.gather(1, src[:, :, None].expand(-1, -1, logits.shape[2]))
+
+
+METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
+                                    "looped-wo-injection": LoopedNoInjection,
+                                    "ntp-loop": NTPLoop, "ntp-pause": NTPPause}
 
 
 def get_method(name: str) -> Method:

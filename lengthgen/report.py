@@ -45,24 +45,33 @@ def aggregate(rows: list[dict]) -> list[dict]:
     """One row per (task, method, position, length): mean, stderr, seeds, baseline."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["task"], r["method"], r["position"], r["length"])].append(r)
+        groups[(r["task"], r["method"], r["position"], r["stop"], r["length"])].append(r)
     out = []
-    for (task, method, position, length), rs in sorted(groups.items()):
+    for (task, method, position, stop, length), rs in sorted(groups.items()):
         seeds = sorted({r["seed"] for r in rs})
         if len(seeds) != len(rs):
-            raise UserError(f"{task}/{method}/{position} has several rows for one seed at length {length}: "
+            raise UserError(f"{task}/{method}/{position}/{stop} has several rows for one seed at length {length}: "
                             f"pass each run once")
         mean, err = mean_stderr([r["accuracy"] for r in rs])
         tok, _ = mean_stderr([r["token_accuracy"] for r in rs])
-        out.append({"task": task, "method": method, "position": position, "length": length,
+        out.append({"task": task, "method": method, "position": position, "stop": stop, "length": length,
                     "accuracy": mean, "stderr": err, "seeds": len(rs), "token_accuracy": tok,
                     "train_max": max(r["train_max"] for r in rs), "baseline": rs[0]["baseline"],
                     "samples": sum(r["n"] for r in rs)})
     return out
 
 
-def series_label(method: str, position: str, positions_differ: bool) -> str:
-    return f"{method} ({position})" if positions_differ else method
+SERIES = ("method", "position", "stop")
+
+
+def series_key(a: dict) -> tuple:
+    return tuple(a[k] for k in SERIES)
+
+
+def series_label(key: tuple, positions_differ: bool) -> str:
+    method, position, stop = key
+    label = f"{method} ({position})" if positions_differ else method
+    return f"{label}, {stop} stop" if stop else label
 
 
 def _cell(a: dict | None) -> str:
@@ -77,11 +86,11 @@ def markdown(agg: list[dict]) -> str:
     for task in sorted({a["task"] for a in agg}):
         rows = [a for a in agg if a["task"] == task]
         differ = len({a["position"] for a in rows}) > 1
-        series = sorted({(a["method"], a["position"]) for a in rows})
-        labels = [series_label(m, p, differ) for m, p in series]
+        series = sorted({series_key(a) for a in rows})
+        labels = [series_label(k, differ) for k in series]
         lengths = sorted({a["length"] for a in rows})
         train_max = max(a["train_max"] for a in rows)
-        at = {(a["method"], a["position"], a["length"]): a for a in rows}
+        at = {(*series_key(a), a["length"]): a for a in rows}
         lines = [f"### {task}", "",
                  f"Exact-match accuracy, mean ± standard error over seeds (number of seeds in brackets); "
                  f"trained on lengths ≤ {train_max}; `random` is the chance of a uniform random guess.", "",
@@ -90,12 +99,12 @@ def markdown(agg: list[dict]) -> str:
         for n in lengths:
             base = next(a["baseline"] for a in rows if a["length"] == n)
             name = f"{n}" if n <= train_max else f"**{n}**"
-            lines.append(f"| {name} | " + " | ".join(_cell(at.get((m, p, n))) for m, p in series) + f" | {base:.2g} |")
+            lines.append(f"| {name} | " + " | ".join(_cell(at.get((*k, n))) for k in series) + f" | {base:.2g} |")
         lines += ["", "Bold lengths are beyond training. Mean over lengths:", "",
                   "| series | ≤ train max | > train max |", "|---|---:|---:|"]
-        for (m, p), label in zip(series, labels):
-            inside = [a["accuracy"] for a in rows if (a["method"], a["position"]) == (m, p) and a["length"] <= train_max]
-            beyond = [a["accuracy"] for a in rows if (a["method"], a["position"]) == (m, p) and a["length"] > train_max]
+        for key, label in zip(series, labels):
+            inside = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] <= train_max]
+            beyond = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] > train_max]
             fmt = lambda v: f"{sum(v) / len(v):.3f}" if v else "–"  # noqa: E731
             lines.append(f"| {label} | {fmt(inside)} | {fmt(beyond)} |")
         parts.append("\n".join(lines))
@@ -118,12 +127,12 @@ def plot(agg: list[dict], path: Path) -> None:
         lengths = sorted({a["length"] for a in rows})
         train_max = max(a["train_max"] for a in rows)
         ax.axvspan(min(lengths) - 0.5, train_max + 0.5, color="0.9", label="training lengths")
-        for m, p in sorted({(a["method"], a["position"]) for a in rows}):
-            s = sorted((a for a in rows if (a["method"], a["position"]) == (m, p)), key=lambda a: a["length"])
+        for key in sorted({series_key(a) for a in rows}):
+            s = sorted((a for a in rows if series_key(a) == key), key=lambda a: a["length"])
             err = [0 if math.isnan(a["stderr"]) else a["stderr"] for a in s]
             seeds = max(a["seeds"] for a in s)
             ax.errorbar([a["length"] for a in s], [a["accuracy"] for a in s], yerr=err, marker="o", ms=3,
-                        capsize=2, label=f"{series_label(m, p, differ)} ({seeds} seed{'s' * (seeds > 1)})")
+                        capsize=2, label=f"{series_label(key, differ)} ({seeds} seed{'s' * (seeds > 1)})")
         base = {a["length"]: a["baseline"] for a in rows}
         ax.plot(lengths, [base[n] for n in lengths], "k--", lw=1, label="random guess")
         ax.set(title=task, xlabel="problem length n", ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
@@ -135,8 +144,68 @@ def plot(agg: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", command: str = "") -> Path:
-    """report.md, results.csv and accuracy_vs_length.png in `out`; returns report.md's path."""
+def collect_per_step(paths: list[Path]) -> list[dict]:
+    """Rows of every per_step.csv under the given folders (written by `eval --per-step`)."""
+    rows = []
+    for path in map(Path, paths):
+        files = [path] if path.is_file() and path.name == "per_step.csv" else \
+            sorted(path.rglob("per_step.csv")) if path.is_dir() else []
+        for f in files:
+            with f.open(newline="") as fh:
+                for r in csv.DictReader(fh):
+                    rows.append({**r, "seed": int(r["seed"]), "length": int(r["length"]),
+                                 "iteration": int(r["iteration"]), "accuracy": float(r["accuracy"]),
+                                 "confidence": float(r["confidence"]), "oracle_step": float(r["oracle_step"]),
+                                 "train_max": int(r["train_max"])})
+    return rows
+
+
+def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: int = 6) -> None:
+    """Accuracy vs iteration, one line per test length (mean over seeds), one panel per
+    (task, method); markers show the step each stop rule picked (mean over seeds)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["task"], r["method"]) for r in steps})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    markers = {"oracle": ("o", "oracle T(n)"), "confidence": ("x", "confidence (per batch)"),
+               "confidence-per-sample": ("^", "confidence (per sample, mean)")}
+    for ax, (task, method) in zip(axes.flat, panels):
+        rows = [r for r in steps if (r["task"], r["method"]) == (task, method)]
+        lengths = sorted({r["length"] for r in rows})
+        pick = sorted({lengths[round(i * (len(lengths) - 1) / max(1, max_lines - 1))] for i in range(min(max_lines, len(lengths)))})
+        colors = plt.cm.viridis([i / max(1, len(pick) - 1) for i in range(len(pick))])
+        seeds = len({r["seed"] for r in rows})
+        for n, color in zip(pick, colors):
+            by_t = defaultdict(list)
+            for r in rows:
+                if r["length"] == n:
+                    by_t[r["iteration"]].append(r["accuracy"])
+            ts = sorted(t for t in by_t if len(by_t[t]) == seeds)
+            acc = {t: sum(by_t[t]) / seeds for t in ts}
+            ax.plot(ts, [acc[t] for t in ts], color=color, lw=1.2, label=f"n = {n}")
+            for stop, (marker, _) in markers.items():
+                chosen = [e["stop_step"] for e in evals if (e["task"], e["method"], e["stop"], e["length"]) ==
+                          (task, method, stop, n)]
+                if chosen:
+                    t = sum(chosen) / len(chosen)
+                    y = acc.get(round(t), float("nan"))
+                    ax.plot([t], [y], marker=marker, color=color, ms=8, mfc="none" if marker != "x" else color)
+        for stop, (marker, label) in markers.items():
+            ax.plot([], [], marker=marker, color="k", ls="none", mfc="none" if marker != "x" else "k", label=label)
+        ax.set(title=f"{task}: {method} ({seeds} seed{'s' * (seeds > 1)})", xlabel="iteration t",
+               ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", command: str = "",
+                 failures: list[str] = ()) -> Path:
+    """report.md, results.csv and accuracy_vs_length.png (plus accuracy_vs_iteration.png
+    when runs have per_step.csv) in `out`; returns report.md's path."""
     rows = collect(paths)
     agg = aggregate(rows)
     out = Path(out)
@@ -150,7 +219,16 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text = [f"# {title}", ""]
     if command:
         text += ["Regenerate with:", "", f"    {command}", ""]
-    text += [f"{runs} runs, {len(rows)} result rows (results.csv). Every number below is rebuilt from those rows.", "",
-             markdown(agg), "![accuracy vs length](accuracy_vs_length.png)", ""]
+    text += [f"{runs} runs, {len(rows)} result rows (results.csv). Every number below is rebuilt from those rows.", ""]
+    if failures:
+        text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
+    text += [markdown(agg), "![accuracy vs length](accuracy_vs_length.png)", ""]
+    steps = collect_per_step(paths)
+    if steps:
+        plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")
+        text += ["## Accuracy after every iteration", "",
+                 "Lines: mean exact match over seeds after iteration t, per test length. Markers: the step "
+                 "each stop rule picked (per-sample confidence: its mean step).", "",
+                 "![accuracy vs iteration](accuracy_vs_iteration.png)", ""]
     (out / "report.md").write_text("\n".join(text))
     return out / "report.md"

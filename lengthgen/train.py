@@ -41,6 +41,11 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on any device for precision = bf16; a no-op context for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def curriculum_max(cfg: Config, step: int) -> int:
     """Largest training length at `step`: start, +1 every interval, capped."""
     start = cfg.train.curriculum_start
@@ -150,7 +155,8 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
             lr = learning_rate(cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss = method.loss(model, batch)
+            with autocast(device, tr.precision):
+                loss = method.loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if tr.grad_clip > 0:

@@ -99,7 +99,7 @@ def test_report_statistics():
     mean, err = mean_stderr([0.2, 0.4, 0.9])
     assert mean == pytest.approx(0.5)
     assert err == pytest.approx(math.sqrt(((0.3**2 + 0.1**2 + 0.4**2) / 2) / 3))
-    base = {"task": "copy", "method": "ntp", "position": "nope", "n": 10, "token_accuracy": 1.0,
+    base = {"task": "copy", "method": "ntp", "position": "nope", "stop": "", "n": 10, "token_accuracy": 1.0,
             "train_max": 5, "baseline": 0.1, "step": 1}
     rows = [{**base, "seed": s, "length": n, "accuracy": a} for s, n, a in
             [(1, 9, 0.0), (0, 3, 1.0), (1, 3, 0.5), (0, 9, 0.2)]]

@@ -1,0 +1,157 @@
+"""`lengthgen reproduce looped`: every run of a paper's comparison, then one report.
+
+A reproduction is a grid of runs (task x method x seed). Each run is trained
+from the task's preset (experiments/looped/<scale>/<task>.toml) with the
+method's overrides (experiments/looped/methods.toml), evaluated at the
+preset's test lengths, and aggregated into DIR/report.md, DIR/results.csv and
+figures. Independent runs go to worker processes. A run that has finished is
+skipped and one with a checkpoint resumes, so an interrupted reproduction
+continues where it stopped; a failing run is reported and does not stop the
+others.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .config import load, parse_lengths, tomllib
+from .errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1] / "experiments"
+PAPERS = {"looped": {"tasks": ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set"],
+                     "methods": ["looped", "ntp", "looped-wo-injection"],
+                     "title": "Looped Transformers (Fan et al., ICLR 2025)"}}
+SCALES = ("cpu", "paper")
+
+
+@dataclass
+class Job:
+    task: str
+    method: str
+    seed: int
+    preset: str
+    overrides: list[str]
+    folder: str
+    stops: list[str] = field(default_factory=list)  # stop rules to evaluate (looped methods)
+    per_step: bool = False
+    samples: int = 0  # test samples per length; 0 = the preset's eval.samples
+    threads: int = 1
+
+
+def method_overrides(paper: str, scale: str, method: str, block_depth: int) -> list[str]:
+    """--set strings for `method` from experiments/<paper>/methods.toml."""
+    path = ROOT / paper / "methods.toml"
+    table = tomllib.loads(path.read_text()).get(scale, {}).get(method)
+    if table is None:
+        raise UserError(f"{path} has no [{scale}.{method}] table")
+    sets = [f"method={method}"]
+    for key, value in table.items():
+        if key == "depth_multiplier":  # e.g. ntp: a plain stack k times the looped block's depth
+            sets.append(f"model.n_layer={int(value) * block_depth}")
+        else:
+            sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={str(value).lower()}")
+    return sets
+
+
+def plan(paper: str, scale: str, tasks: list[str], methods: list[str], seeds: int, out: Path,
+         workers: int, samples: int = 0) -> list[Job]:
+    jobs = []
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    for task in tasks:
+        preset = ROOT / paper / scale / f"{task}.toml"
+        if not preset.is_file():
+            raise UserError(f"no preset {preset} for task {task!r} at scale {scale!r}")
+        base = load(preset)
+        for method in methods:
+            sets = method_overrides(paper, scale, method, base.model.n_layer)
+            load(preset, sets)  # fail now, in the parent, on a bad preset or override
+            looped = method.startswith("looped")
+            stops = (["oracle", "confidence", "confidence-per-sample"] if task in ("parity", "copy") else ["oracle"]) \
+                if looped else []
+            for seed in range(seeds):
+                jobs.append(Job(task, method, seed, str(preset),
+                                sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
+                                str(out / "runs" / f"{task}-{method}-s{seed}"), stops,
+                                per_step=looped and task in ("parity", "copy"), samples=samples, threads=threads))
+    return jobs
+
+
+def run_job(job: Job) -> dict:
+    """Train (or resume, or skip) and evaluate one run; never raises."""
+    import torch
+
+    from . import checkpoint
+    from .evaluate import evaluate_run
+    from .train import is_finished, train
+
+    torch.set_num_threads(job.threads)
+    folder = Path(job.folder)
+    start = time.perf_counter()
+    try:
+        cfg = load(job.preset, job.overrides)
+        if not is_finished(folder):
+            resume = folder.is_dir() and checkpoint.latest(folder) is not None
+            train(cfg, folder, resume=resume, force=not resume, progress=False)
+        done = folder / "eval.done"
+        if not done.exists():
+            lengths = parse_lengths(cfg.eval.lengths)
+            for stop in job.stops or [None]:
+                evaluate_run(folder, lengths, job.samples or cfg.eval.samples, stop=stop, progress=False,
+                             per_step=job.per_step and stop == "oracle")
+            done.write_text("ok\n")
+        return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start}
+    except BaseException as err:  # report any failure of this run and let the others go on
+        return {"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
+                "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+
+
+def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] | None = None,
+              methods: list[str] | None = None, out: Path | None = None, workers: int = 2,
+              samples: int = 0, progress: bool = True) -> Path:
+    if paper not in PAPERS:
+        raise UserError(f"unknown paper {paper!r}; choose from {', '.join(PAPERS)}")
+    if scale not in SCALES:
+        raise UserError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    if seeds < 1 or workers < 1:
+        raise UserError("--seeds and --workers must be >= 1")
+    spec = PAPERS[paper]
+    tasks, methods = tasks or spec["tasks"], methods or spec["methods"]
+    for name, chosen, known in (("task", tasks, spec["tasks"]), ("method", methods, None)):
+        from .methods import METHODS
+        valid = known or list(METHODS)
+        bad = [c for c in chosen if c not in valid]
+        if bad:
+            raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")
+    out = Path(out or f"runs/reproduce-{paper}-{scale}")
+    jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(methods)} methods x {seeds} seeds) in {out}/runs, "
+          f"{workers} worker(s)", file=sys.stderr)
+    results = []
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(run_job, job) for job in jobs]
+        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs", disable=not progress):
+            res = fut.result()
+            results.append(res)
+            if not res["ok"]:
+                tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
+    failed = [r for r in results if not r["ok"]]
+    (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
+    from .report import write_report
+    command = (f"lengthgen reproduce {paper} --scale {scale} --seeds {seeds} --tasks {','.join(tasks)} "
+               f"--methods {','.join(methods)} --out {out}")
+    evaluated = [Path(r["folder"]) for r in results if r["ok"]]
+    if not evaluated:
+        raise UserError(f"every run failed; see {out / 'failures.txt'}")
+    path = write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
+                        failures=[r["folder"] + ": " + r["error"] for r in failed])
+    return path

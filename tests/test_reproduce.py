@@ -1,0 +1,93 @@
+"""`lengthgen reproduce`: a grid of runs in worker processes, skipping finished runs,
+reporting failed ones without stopping the others."""
+from __future__ import annotations
+
+import pytest
+
+from lengthgen import reproduce as rp
+from lengthgen.config import load
+from lengthgen.errors import UserError
+
+PRESET = """
+method = "looped"
+[task]
+name = "{task}"
+train_max = 4
+[model]
+d_model = 16
+n_layer = 1
+n_head = 2
+{model_extra}
+[train]
+steps = 30
+batch_size = 8
+log_interval = 10
+checkpoint_interval = 10
+device = "cpu"
+[eval]
+lengths = "{lengths}"
+samples = 16
+"""
+
+
+@pytest.fixture
+def experiments(tmp_path, monkeypatch):
+    root = tmp_path / "experiments"
+    (root / "looped" / "cpu").mkdir(parents=True)
+    (root / "looped" / "methods.toml").write_text(
+        "[cpu.looped]\n[cpu.ntp]\ndepth_multiplier = 2\n[cpu.looped-wo-injection]\n")
+    (root / "looped" / "cpu" / "parity.toml").write_text(PRESET.format(task="parity", model_extra="", lengths="2:6:2"))
+    # copy with a learned position table too small for its longest test length: evaluation fails
+    (root / "looped" / "cpu" / "copy.toml").write_text(PRESET.format(
+        task="copy", model_extra='position = "learned"\nmax_positions = 12', lengths="2,8"))
+    monkeypatch.setattr(rp, "ROOT", root)
+    return root
+
+
+def test_method_overrides_scale_the_depth(experiments):
+    sets = rp.method_overrides("looped", "cpu", "ntp", block_depth=3)
+    assert sets == ["method=ntp", "model.n_layer=6"]
+    cfg = load(experiments / "looped" / "cpu" / "parity.toml", sets)
+    assert (cfg.method, cfg.model.n_layer) == ("ntp", 6)
+    with pytest.raises(UserError, match="cpu.ntp-pause"):
+        rp.method_overrides("looped", "cpu", "ntp-pause", 1)
+
+
+def test_plan_names_runs_by_value(experiments, tmp_path):
+    jobs = rp.plan("looped", "cpu", ["parity"], ["looped", "ntp"], 2, tmp_path / "out", workers=2)
+    assert [j.folder.rsplit("/", 1)[1] for j in jobs] == ["parity-looped-s0", "parity-looped-s1",
+                                                          "parity-ntp-s0", "parity-ntp-s1"]
+    assert jobs[0].stops == ["oracle", "confidence", "confidence-per-sample"] and jobs[0].per_step
+    assert jobs[2].stops == [] and not jobs[2].per_step
+    assert "train.model_seed=1" in jobs[1].overrides and "train.data_seed=1" in jobs[1].overrides
+
+
+def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
+    out = tmp_path / "out"
+    report = rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], methods=["looped", "ntp"],
+                          out=out, workers=2, progress=False)
+    text = report.read_text()
+    # copy's runs fail at evaluation (length 8 exceeds the position table); parity's succeed
+    assert "2 run(s) failed" in text and "max_positions" in text
+    assert "copy-looped-s0" in (out / "failures.txt").read_text()
+    assert "### parity" in text and "looped, oracle stop" in text and "ntp" in text
+    assert "looped, confidence stop" in text and (out / "accuracy_vs_iteration.png").is_file()
+    assert (out / "accuracy_vs_length.png").is_file() and (out / "results.csv").is_file()
+    # a second call skips the finished runs: their files are not rewritten
+    done = out / "runs" / "parity-looped-s0" / "eval.done"
+    ckpt = out / "runs" / "parity-looped-s0" / "checkpoints" / "latest"
+    stamps = done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns
+    rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out, workers=1,
+                 progress=False)
+    assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
+
+
+def test_bad_arguments(experiments, tmp_path):
+    with pytest.raises(UserError, match="unknown task 'sorting'"):
+        rp.reproduce("looped", tasks=["sorting"], out=tmp_path)
+    with pytest.raises(UserError, match="unknown method"):
+        rp.reproduce("looped", methods=["lstm"], out=tmp_path)
+    with pytest.raises(UserError, match="unknown paper"):
+        rp.reproduce("transformers", out=tmp_path)
+    with pytest.raises(UserError, match="unknown scale"):
+        rp.reproduce("looped", scale="tpu", out=tmp_path)
