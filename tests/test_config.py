@@ -8,13 +8,20 @@ import pytest
 from lengthgen import config
 from lengthgen.errors import ConfigError
 
-PRESETS = sorted(Path(__file__).resolve().parents[1].glob("experiments/**/*.toml"))
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted(p for p in ROOT.glob("experiments/**/*.toml") if p.name != "methods.toml")
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
-def test_every_preset_loads(preset):
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_preset_loads_with_every_method(preset):
+    from lengthgen.reproduce import method_overrides
+
     cfg = config.load(preset)
     assert cfg.task.train_max >= cfg.task.train_min
+    scale, paper = preset.parent.name, preset.parent.parent.name
+    if (ROOT / "experiments" / paper / "methods.toml").exists():
+        for method in ("looped", "looped-wo-injection", "ntp", "ntp-pause", "ntp-loop"):
+            assert config.load(preset, method_overrides(paper, scale, method, cfg.model.n_layer)).method == method
 
 
 def test_overrides_are_typed_and_win():

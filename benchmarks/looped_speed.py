@@ -1,0 +1,115 @@
+"""Looped training speed: step-dependent "prefix" scheme vs the published "max" scheme,
+and model FLOP utilisation (MFU) of a paper-scale looped training step.
+
+Everything is measured in one run on the same machine, so ratios are meaningful even
+when absolute times drift:
+1. For Parity and Addition at the paper's scale and length distribution (width 256,
+   the task's released block depth and heads, batch 64, lengths mixed uniformly in
+   1..20): training steps per second of both schemes on the same batches, and the loss
+   of both on one fixed batch (they train the same objective, so it must agree).
+2. The best measured matmul throughput of this machine (2048 x 2048, fp32 and bf16)
+   and the MFU of the paper-scale Parity step in fp32 and in bf16 autocast:
+   FLOPs of one prefix-scheme step (counted by torch's FlopCounterMode: the work the
+   objective needs) / step time / peak matmul FLOP/s. For the max scheme the same
+   useful FLOPs are divided by its (longer) step time.
+
+    python benchmarks/looped_speed.py [--steps 10] [--tasks parity,addition]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from lengthgen import config
+from lengthgen.looped import looped_loss
+from lengthgen.methods import get_method
+from lengthgen.tasks import get_task
+from lengthgen.tasks.base import sample_mixed
+from lengthgen.train import autocast, decay_params
+
+PAPER = {"parity": (1, 64), "addition": (3, 8)}  # released block depth, heads
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """Best FLOP/s of an n x n matmul in `dtype` over `repeats` tries."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def build(task_name: str):
+    depth, heads = PAPER[task_name]
+    cfg = config.load(None, ["method=looped", f"task.name={task_name}", "task.train_max=20", "model.d_model=256",
+                             f"model.n_layer={depth}", f"model.n_head={heads}"])
+    task, method = get_task(task_name), get_method("looped")
+    torch.manual_seed(0)
+    model = method.build_model(cfg, task)
+    return task, model
+
+
+def time_steps(model, batches, scheme: str, precision: str) -> float:
+    """Median seconds per training step (forward, backward, AdamW) over `batches`."""
+    opt = torch.optim.AdamW(decay_params(model), lr=1e-4)
+    device = torch.device("cpu")
+    times = []
+    for i, batch in enumerate([batches[0]] + batches):  # the first step warms up
+        start = time.perf_counter()
+        with autocast(device, precision):
+            loss = looped_loss(model, batch, scheme)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def step_flops(model, batch, scheme: str) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        looped_loss(model, batch, scheme).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10, help="timed training steps per variant")
+    p.add_argument("--tasks", default="parity,addition")
+    args = p.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 64, lengths mixed in 1..20")
+    peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    print(f"matmul 2048^2: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+    print(f"\n{'task':<10} {'precision':<9} {'max ms':>8} {'prefix ms':>9} {'speed-up':>8} "
+          f"{'loss max':>9} {'loss prefix':>11} {'MFU max':>8} {'MFU prefix':>10}")
+    for name in args.tasks.split(","):
+        task, model = build(name)
+        g = torch.Generator().manual_seed(0)
+        batches = [sample_mixed(task, 64, 1, 20, g) for _ in range(args.steps)]
+        fixed = batches[0]
+        with torch.no_grad():
+            loss = {s: float(looped_loss(model, fixed, s)) for s in ("max", "prefix")}
+        flops = sum(step_flops(model, b, "prefix") for b in batches) / len(batches)
+        base = None
+        for precision in ("fp32", "bf16"):
+            t = {s: time_steps(model, batches, s, precision) for s in ("max", "prefix")}
+            base = base or t["max"]  # the published scheme in fp32
+            mfu = {s: flops / t[s] / peak[precision] for s in t}
+            print(f"{name:<10} {precision:<9} {t['max'] * 1e3:>8.1f} {t['prefix'] * 1e3:>9.1f} "
+                  f"{t['max'] / t['prefix']:>7.2f}x {loss['max']:>9.5f} {loss['prefix']:>11.5f} "
+                  f"{mfu['max']:>8.2f} {mfu['prefix']:>10.2f}")
+        print(f"{name:<10} prefix + bf16 vs published max + fp32: {base / t['prefix']:.2f}x faster")
+    print("\nMFU = FLOPs the objective needs (prefix-scheme step, FlopCounterMode) / step time / peak "
+          "matmul FLOP/s of the same precision.")
+
+
+if __name__ == "__main__":
+    main()
