@@ -2,7 +2,8 @@
 
 A method builds its model, computes the training loss of a Batch and predicts
 the answer tokens at the scored positions. Every method is compared on the
-same metric: exact match of the whole answer (answer tokens and the EOS).
+same metric: exact match of the whole answer (its tokens, and the EOS of tasks
+whose answer length varies).
 
 `ntp` is plain next-token prediction with a decoder. Its exact match is
 computed from one teacher-forced pass: if the argmax at every scored

@@ -86,29 +86,32 @@ def check_layout(task: Task, batch: Batch, n: int | torch.Tensor) -> None:
     assert batch.inputs.dtype == torch.long and batch.targets.dtype == torch.long
     assert (batch.lengths == n).all()
     q = batch.question_len[:, None]
-    a = (batch.scored.sum(1) - 1)[:, None]  # answer tokens, EOS excluded
+    e = int(task.eos)  # one scored EOS after answers whose length varies
+    scored_count = batch.scored.sum(1)[:, None]
+    a = scored_count - e  # answer tokens
     assert (a >= 1).all()
-    assert L == int((q + a).max())  # no all-padding column
+    end = q - 1 + scored_count  # one past the last scored (= last input) column
+    assert L == int(end.max())  # no all-padding column
     j = torch.arange(L)[None, :]
-    # scored exactly from '=' to the last answer token
-    assert torch.equal(batch.scored, (j >= q - 1) & (j < q + a))
+    # scored exactly from '=' to the end of the answer
+    assert torch.equal(batch.scored, (j >= q - 1) & (j < end))
     # the question: task tokens only, ending with '='
     in_q = j < q
     assert (batch.inputs[in_q] >= len(SPECIALS)).all()
     assert (batch.inputs[in_q] < task.vocab_size).all()
     assert (batch.inputs.gather(1, q - 1) == task.token_id("=")).all()
-    # targets: answer tokens then one EOS
-    last = q + a - 1
-    assert (batch.targets.gather(1, last) == EOS).all()
-    answer_targets = batch.scored & (j < last)
+    # targets: answer tokens, then one EOS if the task has one
+    last = end - 1
+    assert ((batch.targets.gather(1, last) == EOS) == bool(e)).all()
+    answer_targets = batch.scored & (j < end - e)
     assert (batch.targets[answer_targets] >= len(SPECIALS)).all()
     assert (batch.targets[answer_targets] < task.vocab_size).all()
     # inputs in the answer region are the targets shifted by one; PAD afterwards
-    in_a = (j >= q) & (j < q + a)
+    in_a = (j >= q) & (j < end)
     shifted = torch.nn.functional.pad(batch.targets[:, :-1], (1, 0), value=IGNORE)
     assert torch.equal(batch.inputs[in_a], shifted[in_a])
     # after the answer: PAD (the EOS is a target only)
-    assert (batch.inputs[j >= q + a] == PAD).all()
+    assert (batch.inputs[j >= end] == PAD).all()
 
 
 def check_answers(task: Task, batch: Batch, n: int | torch.Tensor, solve) -> None:

@@ -36,6 +36,7 @@ class Addition(Task):
     name = "addition"
     tokens = ("0", "1", "+", "=")
     answer_symbols = 2
+    eos = False  # the question fixes the answer length
     example = "101+011= -> 1000"
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
@@ -59,4 +60,4 @@ class Addition(Task):
             source = torch.where(j < m, j, j - m + width)  # a, then '+' and b
             source = torch.where(j == 2 * m + 1, 2 * width + 1, source)  # '='
             question = question.gather(1, source.clamp(max=2 * width + 1))
-        return assemble(question, 2 * n + 2, answer + zero, n + 1, lengths=n, n_steps=n.clone())
+        return assemble(question, 2 * n + 2, answer + zero, n + 1, lengths=n, n_steps=n.clone(), eos=self.eos)

@@ -5,12 +5,15 @@ Layout of a batch (one row per sample, right-padded with PAD):
     inputs : question tokens (ending with '=') followed by the answer tokens
     targets: the next token at every scored position, IGNORE elsewhere
 
-The scored positions run from the '=' token to the last answer token, so the
-targets there are the answer followed by one EOS. Example (copy, n = 3):
+The scored positions run from the '=' token to the end of the answer. Tasks
+whose answer length varies (binary_sum, unique_set) end it with one scored
+EOS; where the question fixes the answer length (parity, copy, addition,
+multiplication) there is no EOS, so no method is judged on guessing where an
+answer of known length ends. Example (copy, n = 3):
 
-    position   0    1    2    3    4    5    6
-    inputs     0    1    1    =    0    1    1
-    targets    .    .    .    0    1    1  <eos>
+    position   0    1    2    3    4    5
+    inputs     0    1    1    =    0    1
+    targets    .    .    .    0    1    1
 
 This one layout serves every method: next-token prediction reads `inputs` as
 they are; whole-answer ("in place") prediction blanks every input after the
@@ -87,24 +90,27 @@ class Batch:
 
 
 def assemble(question: Tensor, question_len: Tensor, answer: Tensor, answer_len: Tensor,
-             lengths: Tensor, n_steps: Tensor) -> Batch:
+             lengths: Tensor, n_steps: Tensor, eos: bool = True) -> Batch:
     """Build a Batch from right-padded question and answer token tensors.
 
     question: (B, Q) with question_len[b] valid tokens (the last one is '=')
-    answer:   (B, A) with answer_len[b] valid tokens (EOS is appended here)
+    answer:   (B, A) with answer_len[b] valid tokens (EOS is appended here if eos)
     Vectorised: one gather per tensor, no loop over samples.
     """
     batch = question.shape[0]
-    width = int((question_len + answer_len).max())  # inputs are question + answer
-    j = torch.arange(width + 1)[None, :].expand(batch, -1)  # (B, W+1) positions of seq
     q, a = question_len[:, None], answer_len[:, None]
+    # one past the last scored input column: the last answer token predicts EOS, or,
+    # with eos=False (answer length known from the question), is never an input at all
+    end = q + a - (0 if eos else 1)
+    width = int(end.max())
+    j = torch.arange(width + 1)[None, :].expand(batch, -1)  # (B, W+1) positions of seq
     in_question = j < q
     in_answer = (j >= q) & (j < q + a)
     q_tok = question.gather(1, j.clamp(max=question.shape[1] - 1))
     a_tok = answer.gather(1, (j - q).clamp(0, max(answer.shape[1] - 1, 0))) if answer.shape[1] else torch.zeros_like(j)
     seq = torch.where(in_question, q_tok, torch.where(in_answer, a_tok, torch.where(j == q + a, EOS, PAD)))
-    inputs = seq[:, :width].masked_fill(j[:, :width] >= q + a, PAD)  # the EOS is a target, never an input
-    scored = (j[:, :width] >= q - 1) & (j[:, :width] < q + a)
+    inputs = seq[:, :width].masked_fill(j[:, :width] >= end, PAD)  # answer tokens feed the next prediction only
+    scored = (j[:, :width] >= q - 1) & (j[:, :width] < end)
     targets = seq[:, 1:].masked_fill(~scored, IGNORE)
     return Batch(inputs=inputs, targets=targets, question_len=question_len.clone(),
                  lengths=lengths, n_steps=n_steps)
@@ -136,12 +142,14 @@ class Task:
     tokens:    the task's own tokens; token id = len(SPECIALS) + index
     sep:       string placed between tokens when rendering text
     answer_symbols: how many values one answer token can take (random baseline)
+    eos:       whether answers end with a scored EOS (needed when their length varies)
     """
 
     name: str = ""
     tokens: tuple[str, ...] = ()
     sep: str = ""
     answer_symbols: int = 2
+    eos: bool = True  # answers end with a scored EOS; False where the question fixes the answer length
     example: str = ""  # one rendered example for `lengthgen tasks`, e.g. "10110= -> 1"
 
     def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
@@ -192,14 +200,16 @@ class Task:
     def to_text(self, batch: Batch, i: int) -> tuple[str, str]:
         """(question, answer) of sample i as text, e.g. ("10110=", "1")."""
         q = int(batch.question_len[i])
-        answer_ids = batch.targets[i][batch.targets[i] != IGNORE][:-1]  # drop the EOS
+        answer_ids = batch.targets[i][batch.targets[i] != IGNORE]
+        if len(answer_ids) and int(answer_ids[-1]) == EOS:
+            answer_ids = answer_ids[:-1]
         return self.decode(batch.inputs[i, :q]), self.decode(answer_ids)
 
     def random_baseline(self, length: int, samples: int = 2000) -> float:
         """Exact-match chance of guessing each answer token uniformly at random
         (answer length given), averaged over samples drawn at this length."""
         batch = self.sample(samples, length, torch.Generator().manual_seed(0))
-        answer_len = batch.scored.sum(1) - 1  # EOS excluded: its place is known
+        answer_len = batch.scored.sum(1) - (batch.targets == EOS).sum(1)  # EOS excluded: its place is known
         return float((self.answer_symbols ** -answer_len.double()).mean())
 
 

@@ -23,6 +23,7 @@ class Multiplication(Task):
     name = "multiplication"
     tokens = ("0", "1", "*", "=")
     answer_symbols = 2
+    eos = False  # the question fixes the answer length
     example = "11*0101= -> 111100"
 
     def __init__(self, *, max_a_bits: int = 2):
@@ -57,4 +58,4 @@ class Multiplication(Task):
             source = torch.where(j == (a_len + n + 1)[:, None], m + width + 1, source)
         question = row.gather(1, source.clamp(max=m + width + 1))
         return assemble(question, a_len + n + 2, product + zero, a_len + n,
-                        lengths=n, n_steps=a_len * n)
+                        lengths=n, n_steps=a_len * n, eos=self.eos)

@@ -16,6 +16,7 @@ class Parity(Task):
     name = "parity"
     tokens = ("0", "1", "=")
     answer_symbols = 2
+    eos = False  # the question fixes the answer length
     example = "10110= -> 1"
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
@@ -26,4 +27,4 @@ class Parity(Task):
         zero, equals = self.token_id("0"), self.token_id("=")
         question = end_with(bits + zero, n, equals)
         answer = (bits.sum(1, keepdim=True) % 2) + zero  # (B, 1)
-        return assemble(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone())
+        return assemble(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)
