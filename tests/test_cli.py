@@ -109,3 +109,26 @@ def test_report_statistics():
     from lengthgen.errors import UserError
     with pytest.raises(UserError, match="several rows for one seed"):
         aggregate(rows + rows[:1])
+
+
+def test_eval_stop_rules_and_per_step(tmp_path, capsys):
+    looped = tmp_path / "looped"
+    assert main(["train", *TINY, "--set=method=looped", "--out", str(looped), "--no-progress"]) == 0
+    assert main(["eval", str(looped), "--lengths", "3,5", "--samples", "16", "--stop", "fixed:2", "--no-progress"]) == 0
+    assert main(["eval", str(looped), "--lengths", "3,5", "--samples", "16", "--per-step", "--no-progress"]) == 0
+    with open(looped / "eval.csv") as f:
+        rows = {(r["stop"], int(r["length"])): r for r in csv.DictReader(f)}
+    assert float(rows[("fixed:2", 5)]["stop_step"]) == 2.0
+    assert float(rows[("oracle", 5)]["stop_step"]) == 5.0  # parity: T(n) = n
+    with open(looped / "per_step.csv") as f:
+        steps = [r for r in csv.DictReader(f) if r["length"] == "5"]
+    assert [int(r["iteration"]) for r in steps] == list(range(1, 11))  # up to 2 T(n)
+    # the per-step accuracy at T(n) is the oracle accuracy on the same test samples
+    assert float(steps[4]["accuracy"]) == pytest.approx(float(rows[("oracle", 5)]["accuracy"]))
+    capsys.readouterr()
+    assert main(["eval", str(looped), "--stop", "sometimes", "--no-progress"]) == 2
+    assert "stop rule 'sometimes'" in capsys.readouterr().err
+    ntp = tmp_path / "ntp"
+    assert main(["train", *TINY, "--out", str(ntp), "--no-progress"]) == 0
+    assert main(["eval", str(ntp), "--stop", "oracle", "--no-progress"]) == 2
+    assert "looped methods" in capsys.readouterr().err
