@@ -2,6 +2,11 @@
 
 - fast:    no logit hook -> F.scaled_dot_product_attention(is_causal=True), so
            flash / memory-efficient kernels apply (NoPE, learned, sinusoidal, RoPE).
+           Except bf16/fp16 on CPU: there torch's CPU flash kernel was 1.3-3x
+           slower (forward + backward) than two batched matmuls and a float32
+           softmax (`math_causal_attention`) at the looped paper scale (64 heads
+           of dim 4 at length 21; 8 heads of dim 32 at length 62), while in
+           fp32 it was 1.5-3x faster than them. GPU paths are unchanged.
 - bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
 - content: `scheme.has_content` -> the scheme returns the full masked logits
            (CoPE, TRA); softmax in float32 here, rows with no kept key give 0.
@@ -33,6 +38,22 @@ def masked_softmax(logits: Tensor) -> Tensor:
     # backward pass ever sees NaN, then zero their weights.
     att = torch.softmax(logits.masked_fill(dead, 0.0), dim=-1)
     return att.masked_fill(dead, 0.0)
+
+
+def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """Causal softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) inputs, as SDPA
+    with is_causal=True, but with plain batched matmuls; logits and softmax in
+    float32, as SDPA's CPU kernel accumulates them."""
+    T = q.shape[-2]
+    logits = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # (B, H, T, T)
+    above = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    att = F.dropout(torch.softmax(logits.masked_fill(above, float("-inf")), dim=-1), dropout_p)
+    return att.to(v.dtype) @ v  # (B, H, T, Dh)
+
+
+def use_math_attention(q: Tensor) -> bool:
+    """Low-precision attention on CPU: see the module docstring for why."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
 class CausalSelfAttention(nn.Module):
@@ -67,6 +88,8 @@ class CausalSelfAttention(nn.Module):
         elif scheme.has_bias:
             mask = scheme.bias(position_ids) + causal_mask(T, x.device)  # (B|1, H, T, T)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
+        elif use_math_attention(q):
+            y = math_causal_attention(q, k, v, dropout_p=p)  # (B, H, T, Dh)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
 

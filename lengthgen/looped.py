@@ -115,11 +115,8 @@ def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
     return model.read(picked)
 
 
-def _prefix_groups(model: LoopedTransformer, batch: Batch):
-    """Yield (rows, logits) for each group of samples finishing at the same
-    iteration: `rows` (n,) their batch indices, `logits` (n, w, V) their
-    read-out over the first w columns (every later column is unscored)."""
-    B = batch.inputs.shape[0]
+def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
+    B, L = batch.inputs.shape
     steps = per_sample_steps(batch)
     order = torch.argsort(steps, descending=True, stable=True)  # (B,) longest-running first
     steps_sorted = steps[order].tolist()  # one host sync; the loop bounds need it anyway
@@ -128,51 +125,26 @@ def _prefix_groups(model: LoopedTransformer, batch: Batch):
     inputs = batch.blank_answers().inputs[order, :width[-1]]  # (B, W)
     pos_ids = batch.position_ids[order, :width[-1]] if batch.position_ids is not None else None
     h, e, pos = model.start(inputs, pos_ids)
-    k = B  # rows 0..k-1 are still running; h, e, pos hold exactly those rows
+    out: list[Tensor] = []  # logits of finished groups, latest-finishing last
+    k = B  # rows 0..k-1 are still running
     for t in range(1, steps_sorted[0] + 1):
+        while steps_sorted[k - 1] < t:  # samples with T_i < t have finished
+            k -= 1
+        w = width[k - 1]
+        h, e, pos = h[:k, :w], e[:k, :w], take_rows(pos, slice(0, k))[:, :w]
         h = model.step(h, e, pos)  # (k, w, D)
-        done = k  # rows done..k-1 finish at iteration t
+        done = k
         while done > 0 and steps_sorted[done - 1] == t:
             done -= 1
-        if done == k:
-            continue
-        # split, not two slices: the backward of a split is one cat of the two
-        # row groups' gradients, where each slice's backward would allocate a
-        # zero tensor of the full state, copy into it, and then add the two.
-        h, finished = h.split([done, k - done])
-        yield order[done:k], model.read(finished)
-        if done == 0:
-            break
-        # Slice only when the running set changes, never as a no-op: even a
-        # full-size slice's backward allocates zeros and copies into them.
-        k, w = done, width[done - 1]
-        e, pos = e[:k], take_rows(pos, slice(0, k))
-        if w < h.shape[1]:  # the remaining rows need fewer columns
-            h, e, pos = h[:, :w], e[:, :w], pos[:, :w]
-
-
-def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
-    B, L = batch.inputs.shape
-    out: list[Tensor] = []
-    rows: list[Tensor] = []
-    for r, logits in _prefix_groups(model, batch):
-        rows.append(r)
-        out.append(F.pad(logits, (0, 0, 0, L - logits.shape[1])))  # (n, L, V)
-    logits = torch.cat(out)
-    return logits[torch.argsort(torch.cat(rows))]  # (B, L, V) in batch order
+        if done < k:  # rows done..k-1 finish at iteration t
+            logits = model.read(h[done:k])  # (k - done, w, V)
+            out.append(F.pad(logits, (0, 0, 0, L - w)))
+    logits = torch.cat(out[::-1])  # groups finished shortest-first, i.e. from the end of `order`
+    return logits[torch.argsort(order)]  # (B, L, V) in batch order
 
 
 def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
     """Mean cross-entropy over every scored token of the batch, each sample
     read out at its own T_i."""
-    if scheme != "prefix":
-        logits = oracle_logits(model, batch, scheme)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
-    # Prefix scheme: sum each finishing group's loss on its own (n, w) logits,
-    # so no (B, L, V) tensor is padded, concatenated and re-ordered.
-    total = 0.0
-    for rows, logits in _prefix_groups(model, batch):
-        targets = batch.targets[rows, :logits.shape[1]]  # columns >= w are all IGNORE
-        total = total + F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                                        ignore_index=IGNORE, reduction="sum")
-    return total / batch.scored.sum()
+    logits = oracle_logits(model, batch, scheme)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
