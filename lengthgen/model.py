@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn as nn
 from torch import Tensor
 

@@ -1,0 +1,110 @@
+"""Brute-force solvers and layout checks shared by the task tests."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
+
+ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set"]
+
+
+# ---------------------------------------------------------------- brute force
+# Each solver parses the question text and returns (answer text, T(n)) with plain
+# Python, or raises AssertionError if the question does not have the right form.
+
+def _match(pattern: str, question: str) -> re.Match:
+    m = re.fullmatch(pattern, question)
+    assert m, f"question {question!r} does not match {pattern!r}"
+    return m
+
+
+def solve_parity(q: str, n: int) -> tuple[str, int]:
+    bits = _match(rf"([01]{{{n}}})=", q).group(1)
+    return str(bits.count("1") % 2), n
+
+
+def solve_copy(q: str, n: int) -> tuple[str, int]:
+    return _match(rf"([01]{{{n}}})=", q).group(1), n
+
+
+def solve_addition(q: str, n: int) -> tuple[str, int]:
+    a, b = _match(rf"([01]{{{n}}})\+([01]{{{n}}})=", q).groups()
+    return format(int(a, 2) + int(b, 2), f"0{n + 1}b"), n
+
+
+def solve_binary_sum(q: str, n: int) -> tuple[str, int]:
+    bits = _match(rf"([01]{{{n}}})=", q).group(1)
+    return format(bits.count("1"), "b")[::-1], n
+
+
+def solve_multiplication(q: str, n: int, max_a_bits: int = 2) -> tuple[str, int]:
+    a, b = _match(rf"([01]{{1,{max_a_bits}}})\*([01]{{{n}}})=", q).groups()
+    width = len(a) + len(b)
+    return format(int(a, 2) * int(b, 2), f"0{width}b")[::-1], len(a) * n
+
+
+def solve_unique_set(q: str, n: int, symbols: int = 50) -> tuple[str, int]:
+    parts = _match(rf"((?:\d+ ){{{n}}})=", q).group(1).split()
+    assert len(parts) == n and all(0 <= int(p) < symbols and str(int(p)) == p for p in parts)
+    seen: list[str] = []
+    for p in parts:
+        if p not in seen:
+            seen.append(p)
+    return " ".join(seen), n
+
+
+SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_addition,
+           "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
+           "unique_set": solve_unique_set}
+
+
+# ---------------------------------------------------------------- layout check
+
+def check_layout(task: Task, batch: Batch, n: int | torch.Tensor) -> None:
+    """Vectorised checks of the Batch layout that do not use to_text.
+    n: the problem length of every sample, or a (B,) tensor of per-sample lengths."""
+    B, L = batch.inputs.shape
+    assert batch.targets.shape == (B, L)
+    for t in (batch.question_len, batch.lengths, batch.n_steps):
+        assert t.shape == (B,) and t.dtype == torch.long
+    assert batch.inputs.dtype == torch.long and batch.targets.dtype == torch.long
+    assert (batch.lengths == n).all()
+    q = batch.question_len[:, None]
+    e = int(task.eos)  # one scored EOS after answers whose length varies
+    scored_count = batch.scored.sum(1)[:, None]
+    a = scored_count - e  # answer tokens
+    assert (a >= 1).all()
+    end = q - 1 + scored_count  # one past the last scored (= last input) column
+    assert L == int(end.max())  # no all-padding column
+    j = torch.arange(L)[None, :]
+    # scored exactly from '=' to the end of the answer
+    assert torch.equal(batch.scored, (j >= q - 1) & (j < end))
+    # the question: task tokens only, ending with '='
+    in_q = j < q
+    assert (batch.inputs[in_q] >= len(SPECIALS)).all()
+    assert (batch.inputs[in_q] < task.vocab_size).all()
+    assert (batch.inputs.gather(1, q - 1) == task.token_id("=")).all()
+    # targets: answer tokens, then one EOS if the task has one
+    last = end - 1
+    assert ((batch.targets.gather(1, last) == EOS) == bool(e)).all()
+    answer_targets = batch.scored & (j < end - e)
+    assert (batch.targets[answer_targets] >= len(SPECIALS)).all()
+    assert (batch.targets[answer_targets] < task.vocab_size).all()
+    # inputs in the answer region are the targets shifted by one; PAD afterwards
+    in_a = (j >= q) & (j < end)
+    shifted = torch.nn.functional.pad(batch.targets[:, :-1], (1, 0), value=IGNORE)
+    assert torch.equal(batch.inputs[in_a], shifted[in_a])
+    # after the answer: PAD (the EOS is a target only)
+    assert (batch.inputs[j >= end] == PAD).all()
+
+
+def check_answers(task: Task, batch: Batch, n: int | torch.Tensor, solve) -> None:
+    n_steps = batch.n_steps.tolist()
+    per_sample = n.tolist() if isinstance(n, torch.Tensor) else [n] * len(batch)
+    for i in range(len(batch)):
+        question, answer = task.to_text(batch, i)
+        expected, steps = solve(question, per_sample[i])
+        assert answer == expected, (task.name, per_sample[i], question, answer, expected)
+        assert n_steps[i] == steps, (task.name, question, n_steps[i], steps)
