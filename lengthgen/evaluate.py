@@ -151,6 +151,9 @@ def row(folder: Path, cfg: Config, length: int, samples: int, acc: float, tok: f
 def read_rows(path: Path) -> list[dict]:
     with Path(path).open(newline="") as f:
         rows = list(csv.DictReader(f))
+    for r in rows:  # files written before stop rules existed
+        r.setdefault("stop", "")
+        r.setdefault("stop_step", "nan")
     missing = set(COLUMNS) - set(rows[0]) if rows else set()
     if missing:
         raise UserError(f"{path} lacks the columns {sorted(missing)}")
