@@ -53,17 +53,20 @@ def eval_generator(seed: int, length: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + length)
 
 
+def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: int, device: torch.device):
+    """The fixed test set of one length, `samples` samples in batches on `device`."""
+    generator = eval_generator(seed, length)
+    for done in range(0, samples, batch_size):
+        yield task.sample(min(batch_size, samples - done), length, generator).to(device)
+
+
 @torch.no_grad()
 def accuracy_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int,
                 seed: int, device: torch.device, stop: str | None = None) -> tuple[float, float, float]:
     """(exact-match accuracy, token accuracy, mean read-out step) over `samples` test samples
     of one length; the step is NaN for methods without a stop rule."""
-    generator = eval_generator(seed, length)
     exact_sum = token_sum = step_sum = 0.0
-    done = 0
-    while done < samples:
-        size = min(batch_size, samples - done)
-        batch = task.sample(size, length, generator).to(device)
+    for batch in eval_batches(task, length, samples, batch_size, seed, device):
         if stop is None:
             pred, steps = method.predict(model, batch), None
         else:
@@ -72,7 +75,6 @@ def accuracy_at(task: Task, method: Method, model, length: int, samples: int, ba
         exact_sum += float(exact.float().sum())
         token_sum += float(token.sum())
         step_sum += float(steps.float().sum()) if steps is not None else math.nan
-        done += size
     return exact_sum / samples, token_sum / samples, step_sum / samples
 
 
@@ -82,12 +84,8 @@ def per_step_at(task: Task, model, length: int, samples: int, batch_size: int, s
     """Accuracy and confidence loss after every iteration t <= 2 T(n), same test samples as accuracy_at."""
     from .stopping import per_step
 
-    generator = eval_generator(seed, length)
     exact_sum = conf_sum = oracle_sum = None
-    done = 0
-    while done < samples:
-        size = min(batch_size, samples - done)
-        batch = task.sample(size, length, generator).to(device)
+    for batch in eval_batches(task, length, samples, batch_size, seed, device):
         t_max = 2 * int(batch.n_steps.max())  # the same bound as the confidence rules' default
         exact, conf = per_step(model, batch, t_max)  # (t_max, B) each
         if exact_sum is None:
@@ -96,7 +94,6 @@ def per_step_at(task: Task, model, length: int, samples: int, batch_size: int, s
             t = min(len(exact_sum), len(exact))
             exact_sum, conf_sum = exact_sum[:t] + exact[:t].float().sum(1), conf_sum[:t] + conf[:t].sum(1)
         oracle_sum += float(batch.n_steps.float().sum())
-        done += size
     return [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / samples,
              "confidence": float(c) / samples, "oracle_step": oracle_sum / samples}
             for t, (a, c) in enumerate(zip(exact_sum, conf_sum))]

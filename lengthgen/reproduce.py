@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from .config import load, parse_lengths, tomllib
 from .errors import UserError
+from .methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1] / "experiments"
 PAPERS = {"looped": {"tasks": ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set"],
@@ -124,9 +125,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
         raise UserError("--seeds and --workers must be >= 1")
     spec = PAPERS[paper]
     tasks, methods = tasks or spec["tasks"], methods or spec["methods"]
-    for name, chosen, known in (("task", tasks, spec["tasks"]), ("method", methods, None)):
-        from .methods import METHODS
-        valid = known or list(METHODS)
+    for name, chosen, valid in (("task", tasks, spec["tasks"]), ("method", methods, list(METHODS))):
         bad = [c for c in chosen if c not in valid]
         if bad:
             raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")

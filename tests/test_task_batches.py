@@ -13,15 +13,6 @@ from task_checks import ORDER, SOLVERS, check_answers, check_layout  # noqa: E40
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only add overhead (and stall on a busy CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ---------------------------------------------------------------- mixed lengths
 # `sample(batch_size, lengths, generator)` with a (B,) tensor of per-sample lengths.
 

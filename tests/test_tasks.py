@@ -14,15 +14,6 @@ from task_checks import ORDER, SOLVERS, check_answers, check_layout, solve_multi
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only add overhead (and stall on a busy CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ---------------------------------------------------------------- correctness
 
 @pytest.mark.parametrize("name", ["binary_sum", "multiplication", "unique_set"])
