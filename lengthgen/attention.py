@@ -12,6 +12,12 @@
            (CoPE, TRA); softmax in float32 here, rows with no kept key give 0.
 
 RoPE-style rotation is applied in every path, before the logits are formed.
+
+Packed rows (`Packed`): the looped model's step-dependent loss keeps rows of
+different widths as one (N, D) token array, so the per-token layers (LayerNorm,
+the q/k/v and output projections, the MLP: nearly all the FLOPs) touch no
+padding. Only attention pads them to (rows, widest) and back; padding sits
+after each row's last token, so causal attention never lets it reach a real one.
 """
 from __future__ import annotations
 
@@ -56,6 +62,32 @@ def use_math_attention(q: Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
+class Packed:
+    """Layout of k rows of widths w_r stored row after row as (N = sum w_r, C) tokens."""
+
+    def __init__(self, widths: list[int], device=None):
+        self.rows, self.width, self.tokens = len(widths), max(widths), sum(widths)
+        self.uniform = min(widths) == self.width  # every row full: padding is a reshape
+        if not self.uniform:
+            w = torch.tensor(widths, device=device)
+            col = torch.arange(self.width, device=device)
+            valid = col[None, :] < w[:, None]  # (k, W)
+            start = (w.cumsum(0) - w)[:, None]  # (k, 1) first token of each row
+            self.pad_index = torch.where(valid, start + col, self.tokens)  # (k, W); N = a zero row
+            self.unpad_index = (torch.arange(self.rows, device=device)[:, None] * self.width + col)[valid]  # (N,)
+
+    def pad(self, x: Tensor) -> Tensor:
+        """(N, C) tokens -> (k, W, C) rows, zeros past each row's end."""
+        if self.uniform:
+            return x.view(self.rows, self.width, x.shape[-1])
+        return F.pad(x, (0, 0, 0, 1))[self.pad_index]
+
+    def unpad(self, y: Tensor) -> Tensor:
+        """(k, W, C) rows -> (N, C) tokens."""
+        y = y.reshape(-1, y.shape[-1])
+        return y if self.uniform else y[self.unpad_index]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -69,10 +101,16 @@ class CausalSelfAttention(nn.Module):
         self.attn_drop = nn.Dropout(cfg.dropout)  # content path only; SDPA has its own dropout_p
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor) -> Tensor:
-        B, T, C = x.shape
+    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
+                packed: Packed | None = None) -> Tensor:
+        """x (B, T, D), or packed rows (N, D) with their layout `packed`."""
+        qkv = self.c_attn(x)  # (B, T, 3D) or (N, 3D)
+        if packed is not None:
+            qkv = packed.pad(qkv)  # (B, T, 3D): rows padded for attention only
+            x = packed.pad(x) if scheme.has_content else None
+        B, T, C = qkv.shape[0], qkv.shape[1], self.d_model
         H, Dh = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, D) each
+        q, k, v = qkv.split(C, dim=2)  # (B, T, D) each
         q = q.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         k = k.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         v = v.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
@@ -86,13 +124,15 @@ class CausalSelfAttention(nn.Module):
             att = self.attn_drop(masked_softmax(logits))  # (B, H, T, T) float32
             y = att.to(v.dtype) @ v  # (B, H, T, Dh)
         elif scheme.has_bias:
-            mask = scheme.bias(position_ids) + causal_mask(T, x.device)  # (B|1, H, T, T)
+            mask = scheme.bias(position_ids) + causal_mask(T, q.device)  # (B|1, H, T, T)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
         elif use_math_attention(q):
             y = math_causal_attention(q, k, v, dropout_p=p)  # (B, H, T, Dh)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
 
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, D): heads side by side
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, D): heads side by side
+        if packed is not None:
+            y = packed.unpad(y)  # (N, D)
         return self.resid_drop(self.c_proj(y))
 

@@ -19,6 +19,8 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 
+INITS = ("gpt2", "torch")  # model.init choices, see ModelConfig
+
 
 @dataclass
 class TaskConfig:
@@ -38,6 +40,8 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE base frequency
     max_positions: int = 2048  # table size of learned / sinusoidal positions
     dropout: float = 0.0  # dropout on attention weights, residual and MLP outputs
+    init: str = "gpt2"  # weight init: gpt2 (normal 0.02, scaled residual projections) or torch (torch's module defaults)
+    tie_embeddings: bool = True  # lm_head shares the token embedding matrix
 
 
 @dataclass
@@ -182,6 +186,7 @@ def validate(cfg: Config) -> Config:
     check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
     check(m.position != "rope" or (m.d_model // m.n_head) % 2 == 0, "model.position rope needs an even head width (d_model / n_head)")
     check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
+    check(m.init in INITS, f"model.init {m.init!r} is unknown{_hint(m.init, INITS)}; choose from {', '.join(INITS)}")
     check(m.rope_theta > 0, f"model.rope_theta must be > 0, got {m.rope_theta}")
     for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):
         check(getattr(tr, key) >= 1, f"train.{key} must be >= 1, got {getattr(tr, key)}")

@@ -14,10 +14,12 @@ Two schemes compute that per-sample objective (identical loss and gradients):
 - "max" (the authors'): every sample runs max_i T_i iterations and each one's
   state is picked at its own T_i; short samples pay for iterations they discard.
 - "prefix" (default): samples are sorted by T_i descending, so at iteration t
-  the samples still running (T_i >= t) are a prefix h[:k_t]; the block runs on
-  that prefix only, trimmed to the prefix's widest scored region (attention is
-  causal, so columns past a sample's last scored position never influence it).
-  A sample's logits are read out the iteration it finishes.
+  the samples still running (T_i >= t) are a prefix of the rows; the block runs
+  on that prefix only. Each row is trimmed to its own scored region (attention
+  is causal, so columns past a sample's last scored position never influence
+  it) and the rows are packed into one token array (attention.Packed), so the
+  per-token layers never compute padding. A sample's state is kept the
+  iteration it finishes and read out once at the end.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import Packed
 from .config import ModelConfig
 from .model import Transformer
 from .positions import PositionalScheme
@@ -62,8 +65,9 @@ class LoopedTransformer(Transformer):
         e = self.embed(inputs, pos)  # (B, L, D)
         return (torch.zeros_like(e) if self.injection else e), e, pos
 
-    def step(self, h: Tensor, e: Tensor, pos: Tensor) -> Tensor:
-        return self.ln_f(self.run_blocks(h + e if self.injection else h, pos))  # (B, L, D)
+    def step(self, h: Tensor, e: Tensor, pos: Tensor, packed: Packed | None = None) -> Tensor:
+        """One iteration on (B, L, D) states, or on packed rows (N, D) laid out by `packed`."""
+        return self.ln_f(self.run_blocks(h + e if self.injection else h, pos, packed))
 
     def read(self, h: Tensor) -> Tensor:
         return self.lm_head(h)  # (B, L, V); h is already normalised by the loop
@@ -115,36 +119,51 @@ def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
     return model.read(picked)
 
 
-def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
-    B, L = batch.inputs.shape
+def _prefix_states(model: LoopedTransformer, batch: Batch) -> tuple[Tensor, Tensor, Packed]:
+    """Each sample's state after its own T_i iterations, as packed tokens.
+
+    Returns (h (N, D), order (B,), layout): rows in `order` (longest-running
+    first), row r trimmed to its own scored width, laid out by `layout`."""
     steps = per_sample_steps(batch)
     order = torch.argsort(steps, descending=True, stable=True)  # (B,) longest-running first
     steps_sorted = steps[order].tolist()  # one host sync; the loop bounds need it anyway
-    # columns the prefix rows 0..k-1 need: running max over the sorted widths
-    width = scored_width(batch)[order].cummax(0).values.tolist()
-    inputs = batch.blank_answers().inputs[order, :width[-1]]  # (B, W)
-    pos_ids = batch.position_ids[order, :width[-1]] if batch.position_ids is not None else None
+    widths = scored_width(batch)[order].tolist()
+    layout = Packed(widths, batch.inputs.device)
+    inputs = batch.blank_answers().inputs[order, :layout.width]  # (B, W)
+    pos_ids = batch.position_ids[order, :layout.width] if batch.position_ids is not None else None
     h, e, pos = model.start(inputs, pos_ids)
-    out: list[Tensor] = []  # logits of finished groups, latest-finishing last
-    k = B  # rows 0..k-1 are still running
+    h, e = layout.unpad(h), layout.unpad(e)  # (N, D): no padding from here on
+    ends = [0] + torch.tensor(widths).cumsum(0).tolist()  # rows 0..k-1 are tokens [0, ends[k])
+    out: list[Tensor] = []  # final states of finished groups, latest-finishing last
+    k = len(widths)  # rows 0..k-1 are still running
     for t in range(1, steps_sorted[0] + 1):
-        while steps_sorted[k - 1] < t:  # samples with T_i < t have finished
-            k -= 1
-        w = width[k - 1]
-        h, e, pos = h[:k, :w], e[:k, :w], take_rows(pos, slice(0, k))[:, :w]
-        h = model.step(h, e, pos)  # (k, w, D)
+        if steps_sorted[k - 1] < t:  # samples with T_i < t have finished
+            while steps_sorted[k - 1] < t:
+                k -= 1
+            h, e = h[:ends[k]], e[:ends[k]]
+        running = layout if k == layout.rows else Packed(widths[:k], h.device)
+        h = model.step(h, e, take_rows(pos, slice(0, k))[:, :running.width], running)  # (tokens, D)
         done = k
         while done > 0 and steps_sorted[done - 1] == t:
             done -= 1
         if done < k:  # rows done..k-1 finish at iteration t
-            logits = model.read(h[done:k])  # (k - done, w, V)
-            out.append(F.pad(logits, (0, 0, 0, L - w)))
-    logits = torch.cat(out[::-1])  # groups finished shortest-first, i.e. from the end of `order`
+            out.append(h[ends[done]:ends[k]])
+    return torch.cat(out[::-1]), order, layout  # groups finished shortest-first, i.e. from the end
+
+
+def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
+    h, order, layout = _prefix_states(model, batch)
+    logits = layout.pad(model.read(h))  # (B, W, V) in `order`, zeros past each row's width
+    logits = F.pad(logits, (0, 0, 0, batch.inputs.shape[1] - layout.width))
     return logits[torch.argsort(order)]  # (B, L, V) in batch order
 
 
 def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
     """Mean cross-entropy over every scored token of the batch, each sample
     read out at its own T_i."""
+    if scheme == "prefix":  # read out the packed tokens only: no padding reaches lm_head
+        h, order, layout = _prefix_states(model, batch)
+        targets = layout.unpad(batch.targets[order, :layout.width, None])[:, 0]  # (N,)
+        return F.cross_entropy(model.read(h).float(), targets, ignore_index=IGNORE)
     logits = oracle_logits(model, batch, scheme)
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)

@@ -12,7 +12,7 @@ import math
 import torch.nn as nn
 from torch import Tensor
 
-from .attention import CausalSelfAttention
+from .attention import CausalSelfAttention, Packed
 from .config import ModelConfig
 from .positions import PositionalScheme, build_scheme, default_position_ids
 
@@ -40,13 +40,14 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x), scheme, position_ids)
+    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
+                packed: Packed | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), scheme, position_ids, packed)
         return x + self.mlp(self.ln_2(x))
 
 
 class Transformer(nn.Module):
-    """Token embedding + positional scheme + blocks + ln_f + tied lm_head.
+    """Token embedding + positional scheme + blocks + ln_f + lm_head (tied by default).
 
     `scheme` overrides the one named by cfg.position (tests and experiments
     with schemes not in the registry); it is shared by every block, so
@@ -63,8 +64,17 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied: one (V, D) matrix reads in and out
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # one (V, D) matrix reads in and out
+        if cfg.init == "gpt2":
+            self._init_gpt2()
+        # init "torch" keeps torch's module defaults: kaiming-uniform linears and a
+        # N(0, 1) embedding. The looped CPU presets use it: the looped state is
+        # LayerNorm-ed every iteration (entries ~1), and GPT-2's 0.02 embedding
+        # makes the injected input ~50x smaller than that state; on Parity the
+        # looped block then learns a shortcut that does not extrapolate (docs/looped.md).
 
+    def _init_gpt2(self) -> None:
         # GPT-2 init everywhere except inside the scheme, which owns its own
         # init (CoPE's position vectors start at zero, TRA's gate has a bias).
         for name, module in self.named_modules():
@@ -74,7 +84,7 @@ class Transformer(nn.Module):
         # the residual stream's variance does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -99,10 +109,10 @@ class Transformer(nn.Module):
         """inputs (B, T) long -> e (B, T, D): tokens plus the scheme's embedding."""
         return self.drop(self.scheme.embed(self.wte(inputs), position_ids))
 
-    def run_blocks(self, h: Tensor, position_ids: Tensor) -> Tensor:
-        """Every block once: (B, T, D) -> (B, T, D)."""
+    def run_blocks(self, h: Tensor, position_ids: Tensor, packed: Packed | None = None) -> Tensor:
+        """Every block once: (B, T, D) -> (B, T, D), or packed rows (N, D) -> (N, D)."""
         for block in self.blocks:
-            h = block(h, self.scheme, position_ids)
+            h = block(h, self.scheme, position_ids, packed)
         return h
 
     def head(self, h: Tensor) -> Tensor:

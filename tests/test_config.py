@@ -43,6 +43,7 @@ def test_overrides_are_typed_and_win():
     ("model.n_head=5", ["model.n_head", "divide"]),
     ("task.name=parityy", ["task.name", "did you mean parity"]),
     ("model.position=ropee", ["model.position", "did you mean rope"]),
+    ("model.init=torc", ["model.init", "did you mean torch"]),
     ("method=ntpp", ["method", "did you mean ntp"]),
     ("task.train_max=0", ["task.train_max"]),
     ("eval.lengths=0:5", ["lengths", ">= 1"]),

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lengthgen import config, stopping
+from lengthgen.attention import Packed
 from lengthgen.looped import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.positions import SCHEMES
 from lengthgen.methods import METHODS, get_method, pause_batch, steps_at
@@ -66,6 +67,20 @@ def test_prefix_and_max_schemes_same_loss_and_gradients(position, explicit_ids):
     assert len(grads["prefix"][1]) == len(grads["max"][1]) > 0
     for a, b in zip(grads["prefix"][1], grads["max"][1]):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("widths", [[5, 3, 3, 1], [4, 4, 4]])
+def test_packed_rows_round_trip(widths):
+    layout = Packed(widths)
+    tokens = torch.randn(sum(widths), 6)
+    rows = layout.pad(tokens)  # (k, W, C)
+    assert rows.shape == (len(widths), max(widths), 6)
+    start = 0
+    for r, w in enumerate(widths):  # row r holds its own tokens, then zeros
+        assert torch.equal(rows[r, :w], tokens[start:start + w])
+        assert not rows[r, w:].any()
+        start += w
+    assert torch.equal(layout.unpad(rows), tokens)
 
 
 def test_loss_is_mean_over_scored_tokens():

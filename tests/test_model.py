@@ -234,6 +234,16 @@ def test_param_count_init_and_tying():
     assert all((b.attn.c_attn.bias == 0).all() for b in m.blocks)
 
 
+def test_torch_init_and_untied_head():
+    m = Transformer(cfg("nope", d_model=64, n_layer=2, n_head=4, init="torch", tie_embeddings=False), V)
+    assert m.lm_head.weight is not m.wte.weight
+    assert m.num_params() == Transformer(cfg("nope", d_model=64, n_layer=2, n_head=4), V).num_params() + V * 64
+    assert abs(m.wte.weight.std().item() - 1.0) < 0.1  # N(0, 1), not GPT-2's 0.02
+    bound = 1 / math.sqrt(64)  # kaiming-uniform with a = sqrt(5): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    w = m.blocks[0].mlp.c_fc.weight
+    assert w.abs().max().item() <= bound and w.std().item() > 0.8 * bound / math.sqrt(3)
+
+
 def test_pieces_compose_to_forward():
     m = model("rope")
     x = tokens()
