@@ -33,7 +33,8 @@ from .model import Transformer
 from .positions import PositionalScheme
 from .tasks import IGNORE, Batch
 
-LOSS_SCHEMES = ("prefix", "max")
+LOSS_SCHEMES = ("prefix", "prefix-padded", "max")  # prefix-padded: no packing, for the benchmark
+TOKEN_MULTIPLE = 64  # packed token arrays are rounded up to this: few distinct shapes (attention.Packed)
 
 
 def take_rows(pos: Tensor, index) -> Tensor:
@@ -100,12 +101,17 @@ def per_sample_steps(batch: Batch) -> Tensor:
 
 def oracle_logits(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
     """(B, L, V) logits of each sample after its own T_i iterations, reading the
-    blanked inputs. `scheme` "prefix" (cheap) or "max" (the authors'): same values."""
+    blanked inputs. `scheme`: one of LOSS_SCHEMES, all give the same values."""
     if scheme == "max":
         return _logits_max(model, batch)
-    if scheme != "prefix":
+    return _logits_prefix(model, batch, _packing(scheme))
+
+
+def _packing(scheme: str) -> bool:
+    """Whether a prefix scheme packs rows at their own widths."""
+    if scheme not in LOSS_SCHEMES or scheme == "max":
         raise ValueError(f"unknown loss scheme {scheme!r}; choose from {', '.join(LOSS_SCHEMES)}")
-    return _logits_prefix(model, batch)
+    return scheme == "prefix"
 
 
 def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
@@ -119,40 +125,46 @@ def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
     return model.read(picked)
 
 
-def _prefix_states(model: LoopedTransformer, batch: Batch) -> tuple[Tensor, Tensor, Packed]:
+def _prefix_states(model: LoopedTransformer, batch: Batch, pack: bool = True) -> tuple[Tensor, Tensor, Packed]:
     """Each sample's state after its own T_i iterations, as packed tokens.
 
     Returns (h (N, D), order (B,), layout): rows in `order` (longest-running
-    first), row r trimmed to its own scored width, laid out by `layout`."""
+    first), row r trimmed to its own scored width, laid out by `layout`.
+    pack=False keeps every row at the batch's widest scored width (the
+    unpacked variant, same values, for the benchmark)."""
     steps = per_sample_steps(batch)
-    order = torch.argsort(steps, descending=True, stable=True)  # (B,) longest-running first
+    width = scored_width(batch)
+    if not pack:
+        width = torch.full_like(width, int(width.max()))
+    # longest-running first; among equal T_i widest first, so equal widths sit together
+    order = torch.argsort(steps * (int(width.max()) + 1) + width, descending=True, stable=True)  # (B,)
     steps_sorted = steps[order].tolist()  # one host sync; the loop bounds need it anyway
-    widths = scored_width(batch)[order].tolist()
-    layout = Packed(widths, batch.inputs.device)
+    widths = width[order].tolist()
+    layout = Packed(widths, TOKEN_MULTIPLE)
     inputs = batch.blank_answers().inputs[order, :layout.width]  # (B, W)
     pos_ids = batch.position_ids[order, :layout.width] if batch.position_ids is not None else None
     h, e, pos = model.start(inputs, pos_ids)
-    h, e = layout.unpad(h), layout.unpad(e)  # (N, D): no padding from here on
+    h, e = layout.unpad(h), layout.unpad(e)  # (capacity, D): no padding inside rows from here on
     ends = [0] + torch.tensor(widths).cumsum(0).tolist()  # rows 0..k-1 are tokens [0, ends[k])
     out: list[Tensor] = []  # final states of finished groups, latest-finishing last
-    k = len(widths)  # rows 0..k-1 are still running
+    k, running = len(widths), layout  # rows 0..k-1 are still running, laid out by `running`
     for t in range(1, steps_sorted[0] + 1):
         if steps_sorted[k - 1] < t:  # samples with T_i < t have finished
             while steps_sorted[k - 1] < t:
                 k -= 1
-            h, e = h[:ends[k]], e[:ends[k]]
-        running = layout if k == layout.rows else Packed(widths[:k], h.device)
+            running = Packed(widths[:k], TOKEN_MULTIPLE)
+            h, e = h[:running.capacity], e[:running.capacity]
         h = model.step(h, e, take_rows(pos, slice(0, k))[:, :running.width], running)  # (tokens, D)
         done = k
         while done > 0 and steps_sorted[done - 1] == t:
             done -= 1
         if done < k:  # rows done..k-1 finish at iteration t
             out.append(h[ends[done]:ends[k]])
-    return torch.cat(out[::-1]), order, layout  # groups finished shortest-first, i.e. from the end
+    return torch.cat(out[::-1]), order, layout  # (N, D): groups finished shortest-first, i.e. from the end
 
 
-def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
-    h, order, layout = _prefix_states(model, batch)
+def _logits_prefix(model: LoopedTransformer, batch: Batch, pack: bool = True) -> Tensor:
+    h, order, layout = _prefix_states(model, batch, pack)
     logits = layout.pad(model.read(h))  # (B, W, V) in `order`, zeros past each row's width
     logits = F.pad(logits, (0, 0, 0, batch.inputs.shape[1] - layout.width))
     return logits[torch.argsort(order)]  # (B, L, V) in batch order
@@ -161,9 +173,9 @@ def _logits_prefix(model: LoopedTransformer, batch: Batch) -> Tensor:
 def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
     """Mean cross-entropy over every scored token of the batch, each sample
     read out at its own T_i."""
-    if scheme == "prefix":  # read out the packed tokens only: no padding reaches lm_head
-        h, order, layout = _prefix_states(model, batch)
-        targets = layout.unpad(batch.targets[order, :layout.width, None])[:, 0]  # (N,)
+    if scheme != "max":  # read out the packed tokens only: no padding reaches lm_head
+        h, order, layout = _prefix_states(model, batch, _packing(scheme))
+        targets = layout.unpad(batch.targets[order, :layout.width, None])[:layout.tokens, 0]  # (N,)
         return F.cross_entropy(model.read(h).float(), targets, ignore_index=IGNORE)
     logits = oracle_logits(model, batch, scheme)
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)

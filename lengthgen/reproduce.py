@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .config import load, parse_lengths, tomllib
+from .config import load, parse_lengths, to_dict, tomllib
 from .errors import UserError
 from .methods import METHODS
 
@@ -47,6 +47,31 @@ class Job:
     threads: int = 1
 
 
+RUNTIME_KEYS = {"train.threads", "train.device"}  # how a run executes, not what it computes
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) and key != "options"
+                   else {f"{prefix}{key}": value})
+    return out
+
+
+def config_difference(folder: Path, cfg) -> str | None:
+    """How the run saved in `folder` differs from `cfg` (first key), or None.
+    A reproduction skips finished runs by folder name, so without this check a
+    different --set or preset would silently mix runs of two configs."""
+    saved = folder / "config.toml"
+    if not saved.is_file():
+        return None
+    old, new = _flat(to_dict(load(saved))), _flat(to_dict(cfg))
+    for key, value in new.items():
+        if key not in RUNTIME_KEYS and old.get(key) != value:
+            return f"{key} is {old.get(key)!r} there, {value!r} here"
+    return None
+
+
 def method_overrides(paper: str, scale: str, method: str, block_depth: int) -> list[str]:
     """--set strings for `method` from experiments/<paper>/methods.toml."""
     path = ROOT / paper / "methods.toml"
@@ -63,7 +88,7 @@ def method_overrides(paper: str, scale: str, method: str, block_depth: int) -> l
 
 
 def plan(paper: str, scale: str, tasks: list[str], methods: list[str], seeds: int, out: Path,
-         workers: int, samples: int = 0) -> list[Job]:
+         workers: int, samples: int = 0, extra: list[str] | None = None) -> list[Job]:
     jobs = []
     threads = max(1, (os.cpu_count() or 1) // workers)
     for task in tasks:
@@ -72,7 +97,7 @@ def plan(paper: str, scale: str, tasks: list[str], methods: list[str], seeds: in
             raise UserError(f"no preset {preset} for task {task!r} at scale {scale!r}")
         base = load(preset)
         for method in methods:
-            sets = method_overrides(paper, scale, method, base.model.n_layer)
+            sets = method_overrides(paper, scale, method, base.model.n_layer) + list(extra or [])
             load(preset, sets)  # fail now, in the parent, on a bad preset or override
             looped = method.startswith("looped")
             stops = (["oracle", "confidence", "confidence-per-sample"] if task in ("parity", "copy") else ["oracle"]) \
@@ -98,6 +123,10 @@ def run_job(job: Job) -> dict:
     start = time.perf_counter()
     try:
         cfg = load(job.preset, job.overrides)
+        difference = config_difference(folder, cfg)
+        if difference:
+            raise UserError(f"{folder} holds a run of another config ({difference}); "
+                            "use another --out or delete that folder")
         if not is_finished(folder):
             resume = folder.is_dir() and checkpoint.latest(folder) is not None
             train(cfg, folder, resume=resume, force=not resume, progress=False)
@@ -116,7 +145,8 @@ def run_job(job: Job) -> dict:
 
 def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] | None = None,
               methods: list[str] | None = None, out: Path | None = None, workers: int = 2,
-              samples: int = 0, progress: bool = True) -> Path:
+              samples: int = 0, progress: bool = True, extra: list[str] | None = None) -> Path:
+    """`extra`: KEY=VALUE config overrides applied to every run (after the method's)."""
     if paper not in PAPERS:
         raise UserError(f"unknown paper {paper!r}; choose from {', '.join(PAPERS)}")
     if scale not in SCALES:
@@ -130,7 +160,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
         if bad:
             raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")
     out = Path(out or f"runs/reproduce-{paper}-{scale}")
-    jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples)
+    jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples, extra)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(methods)} methods x {seeds} seeds) in {out}/runs, "
           f"{workers} worker(s)", file=sys.stderr)
@@ -147,7 +177,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
     (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
     from .report import write_report
     command = (f"lengthgen reproduce {paper} --scale {scale} --seeds {seeds} --tasks {','.join(tasks)} "
-               f"--methods {','.join(methods)} --out {out}")
+               f"--methods {','.join(methods)} --out {out}" + "".join(f" --set {e}" for e in extra or []))
     evaluated = [Path(r["folder"]) for r in results if r["ok"]]
     if not evaluated:
         raise UserError(f"every run failed; see {out / 'failures.txt'}")

@@ -58,15 +58,16 @@ def test_prefix_and_max_schemes_same_loss_and_gradients(position, explicit_ids):
         shift = torch.randint(0, 50, (len(batch), 1), generator=torch.Generator().manual_seed(0))
         batch.position_ids = torch.arange(batch.inputs.shape[1])[None, :] + shift
     grads = {}
-    for scheme in ("prefix", "max"):
+    for scheme in ("prefix", "prefix-padded", "max"):
         model.zero_grad()
         loss = looped_loss(model, batch, scheme)
         loss.backward()
         grads[scheme] = (loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
-    assert torch.allclose(grads["prefix"][0], grads["max"][0], atol=1e-6)
-    assert len(grads["prefix"][1]) == len(grads["max"][1]) > 0
-    for a, b in zip(grads["prefix"][1], grads["max"][1]):
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    for scheme in ("prefix", "prefix-padded"):
+        assert torch.allclose(grads[scheme][0], grads["max"][0], atol=1e-6)
+        assert len(grads[scheme][1]) == len(grads["max"][1]) > 0
+        for a, b in zip(grads[scheme][1], grads["max"][1]):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("widths", [[5, 3, 3, 1], [4, 4, 4]])
@@ -81,6 +82,11 @@ def test_packed_rows_round_trip(widths):
         assert not rows[r, w:].any()
         start += w
     assert torch.equal(layout.unpad(rows), tokens)
+    rounded = Packed(widths, multiple=8)  # token array rounded up to 8 rows, zeros at the end
+    padded = rounded.unpad(rows)
+    assert padded.shape[0] == rounded.capacity == -(-sum(widths) // 8) * 8
+    assert torch.equal(padded[:sum(widths)], tokens) and not padded[sum(widths):].any()
+    assert torch.equal(rounded.pad(padded), rows)
 
 
 def test_loss_is_mean_over_scored_tokens():
@@ -88,6 +94,8 @@ def test_loss_is_mean_over_scored_tokens():
     logits = oracle_logits(model, batch, "max")
     tokens = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE, reduction="sum")
     assert torch.allclose(looped_loss(model, batch), tokens / batch.scored.sum(), atol=1e-6)
+    with pytest.raises(ValueError, match="unknown loss scheme 'fast'"):
+        looped_loss(model, batch, "fast")
 
 
 def test_each_sample_read_at_its_own_step():

@@ -6,7 +6,7 @@ import pytest
 
 from lengthgen import reproduce as rp
 from lengthgen.config import load
-from lengthgen.errors import UserError
+from lengthgen.errors import ConfigError, UserError
 
 PRESET = """
 method = "looped"
@@ -60,6 +60,12 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
     assert jobs[0].stops == ["oracle", "confidence", "confidence-per-sample"] and jobs[0].per_step
     assert jobs[2].stops == [] and not jobs[2].per_step
     assert "train.model_seed=1" in jobs[1].overrides and "train.data_seed=1" in jobs[1].overrides
+    jobs = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=2,
+                   extra=["train.precision=bf16"])
+    cfg = load(jobs[0].preset, jobs[0].overrides)
+    assert (cfg.method, cfg.train.precision) == ("ntp", "bf16")
+    with pytest.raises(ConfigError, match="train.precison"):  # a bad --set fails before any run starts
+        rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precison=bf16"])
 
 
 def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
@@ -79,6 +85,12 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     stamps = done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns
     rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out, workers=1,
                  progress=False)
+    assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
+    # another config into the same folder is refused and reported, the finished run is kept
+    with pytest.raises(UserError, match="every run failed"):
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out,
+                     workers=1, progress=False, extra=["train.lr=0.01"])
+    assert "another config (train.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
 
 
