@@ -23,6 +23,8 @@ Two schemes compute that per-sample objective (identical loss and gradients):
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -134,10 +136,11 @@ def _prefix_states(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
     unpacked variant, same values, for the benchmark)."""
     steps = per_sample_steps(batch)
     width = scored_width(batch)
+    widest = int(width.max())
     if not pack:
-        width = torch.full_like(width, int(width.max()))
+        width = torch.full_like(width, widest)
     # longest-running first; among equal T_i widest first, so equal widths sit together
-    order = torch.argsort(steps * (int(width.max()) + 1) + width, descending=True, stable=True)  # (B,)
+    order = torch.argsort(steps * (widest + 1) + width, descending=True, stable=True)  # (B,)
     steps_sorted = steps[order].tolist()  # one host sync; the loop bounds need it anyway
     widths = width[order].tolist()
     layout = Packed(widths, TOKEN_MULTIPLE)
@@ -145,7 +148,7 @@ def _prefix_states(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
     pos_ids = batch.position_ids[order, :layout.width] if batch.position_ids is not None else None
     h, e, pos = model.start(inputs, pos_ids)
     h, e = layout.unpad(h), layout.unpad(e)  # (capacity, D): no padding inside rows from here on
-    ends = [0] + torch.tensor(widths).cumsum(0).tolist()  # rows 0..k-1 are tokens [0, ends[k])
+    ends = [0, *itertools.accumulate(widths)]  # rows 0..k-1 are tokens [0, ends[k])
     out: list[Tensor] = []  # final states of finished groups, latest-finishing last
     k, running = len(widths), layout  # rows 0..k-1 are still running, laid out by `running`
     for t in range(1, steps_sorted[0] + 1):
