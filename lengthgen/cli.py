@@ -71,7 +71,7 @@ def cmd_reproduce(args) -> None:
     split = lambda text: [t.strip() for t in text.split(",") if t.strip()] if text else None  # noqa: E731
     path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.methods),
                      Path(args.out) if args.out else None, args.workers, args.samples, progress=not args.no_progress,
-                     extra=args.set)
+                     extra=args.set, threads=args.threads)
     print(path.read_text())
     print(f"wrote {path} (with results.csv and figures beside it)")
 
@@ -119,6 +119,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--methods", help="comma list (default: looped, ntp, looped-wo-injection)")
     rp.add_argument("--out", help="output folder (default runs/reproduce-<paper>-<scale>)")
     rp.add_argument("--workers", type=int, default=2, help="runs trained in parallel")
+    rp.add_argument("--threads", type=int, default=0,
+                    help="torch threads per run (default: the machine's cores shared among the workers)")
     rp.add_argument("--samples", type=int, default=0, help="test samples per length (default: the presets')")
     rp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every run, e.g. train.precision=bf16 (repeatable)")

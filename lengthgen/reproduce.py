@@ -88,9 +88,10 @@ def method_overrides(paper: str, scale: str, method: str, block_depth: int) -> l
 
 
 def plan(paper: str, scale: str, tasks: list[str], methods: list[str], seeds: int, out: Path,
-         workers: int, samples: int = 0, extra: list[str] | None = None) -> list[Job]:
+         workers: int, samples: int = 0, extra: list[str] | None = None, threads: int = 0) -> list[Job]:
+    """`threads`: torch threads per run; 0 shares the machine's cores among the workers."""
     jobs = []
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
     for task in tasks:
         preset = ROOT / paper / scale / f"{task}.toml"
         if not preset.is_file():
@@ -145,14 +146,14 @@ def run_job(job: Job) -> dict:
 
 def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] | None = None,
               methods: list[str] | None = None, out: Path | None = None, workers: int = 2,
-              samples: int = 0, progress: bool = True, extra: list[str] | None = None) -> Path:
+              samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0) -> Path:
     """`extra`: KEY=VALUE config overrides applied to every run (after the method's)."""
     if paper not in PAPERS:
         raise UserError(f"unknown paper {paper!r}; choose from {', '.join(PAPERS)}")
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
-    if seeds < 1 or workers < 1:
-        raise UserError("--seeds and --workers must be >= 1")
+    if seeds < 1 or workers < 1 or threads < 0:
+        raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     spec = PAPERS[paper]
     tasks, methods = tasks or spec["tasks"], methods or spec["methods"]
     for name, chosen, valid in (("task", tasks, spec["tasks"]), ("method", methods, list(METHODS))):
@@ -160,7 +161,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
         if bad:
             raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")
     out = Path(out or f"runs/reproduce-{paper}-{scale}")
-    jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples, extra)
+    jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples, extra, threads)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(methods)} methods x {seeds} seeds) in {out}/runs, "
           f"{workers} worker(s)", file=sys.stderr)

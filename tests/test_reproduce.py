@@ -2,6 +2,8 @@
 reporting failed ones without stopping the others."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lengthgen import reproduce as rp
@@ -60,6 +62,9 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
     assert jobs[0].stops == ["oracle", "confidence", "confidence-per-sample"] and jobs[0].per_step
     assert jobs[2].stops == [] and not jobs[2].per_step
     assert "train.model_seed=1" in jobs[1].overrides and "train.data_seed=1" in jobs[1].overrides
+    assert jobs[0].threads == max(1, (os.cpu_count() or 1) // 2)
+    jobs1 = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=1, threads=1)
+    assert jobs1[0].threads == 1 and load(jobs1[0].preset, jobs1[0].overrides).train.threads == 1
     jobs = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=2,
                    extra=["train.precision=bf16"])
     cfg = load(jobs[0].preset, jobs[0].overrides)
