@@ -81,6 +81,32 @@ def _cell(a: dict | None) -> str:
     return f"{a['accuracy']:.3f}{err} ({a['seeds']})"
 
 
+def at_multiple(lengths: list[int], train_max: int, factor: float) -> int | None:
+    """The shortest evaluated length at or beyond factor x train_max (None if none)."""
+    beyond = [n for n in lengths if n >= factor * train_max]
+    return min(beyond) if beyond else None
+
+
+def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0)) -> str:
+    """One row per (task, series): accuracy at 1.5x and 2x the training maximum,
+    the paper's headline comparison, so tasks can be read side by side."""
+    head = " | ".join(f"{f:g}× train max" for f in factors)
+    lines = [f"| task | series | {head} | random |", "|---|---|" + "---:|" * (len(factors) + 1)]
+    for task in sorted({a["task"] for a in agg}):
+        rows = [a for a in agg if a["task"] == task]
+        differ = len({a["position"] for a in rows}) > 1
+        train_max = max(a["train_max"] for a in rows)
+        lengths = sorted({a["length"] for a in rows})
+        at = {(*series_key(a), a["length"]): a for a in rows}
+        targets = [at_multiple(lengths, train_max, f) for f in factors]
+        base = {a["length"]: a["baseline"] for a in rows}
+        chance = " / ".join(f"{base[n]:.2g}" for n in targets if n)
+        for key in sorted({series_key(a) for a in rows}):
+            cells = [f"{_cell(at.get((*key, n)))} @{n}" if n and (*key, n) in at else "–" for n in targets]
+            lines.append(f"| {task} | {series_label(key, differ)} | " + " | ".join(cells) + f" | {chance} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(agg: list[dict]) -> str:
     parts = []
     for task in sorted({a["task"] for a in agg}):
@@ -222,7 +248,9 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text += [f"{runs} runs, {len(rows)} result rows (results.csv). Every number below is rebuilt from those rows.", ""]
     if failures:
         text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
-    text += [markdown(agg), "![accuracy vs length](accuracy_vs_length.png)", ""]
+    text += ["## Summary", "", "Exact match at 1.5× and 2× the longest training length (the evaluated length "
+             "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
+             summary(agg), "## Per task", "", markdown(agg), "![accuracy vs length](accuracy_vs_length.png)", ""]
     steps = collect_per_step(paths)
     if steps:
         plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")

@@ -111,6 +111,20 @@ def test_report_statistics():
         aggregate(rows + rows[:1])
 
 
+def test_report_summary_picks_lengths_at_multiples_of_train_max():
+    from lengthgen.report import aggregate, at_multiple, summary
+
+    assert at_multiple([4, 7, 8, 10, 12], 5, 1.5) == 8 and at_multiple([4, 7, 8, 10, 12], 5, 2) == 10
+    assert at_multiple([4, 7], 5, 2) is None
+    base = {"task": "copy", "method": "ntp", "position": "nope", "stop": "", "n": 10, "token_accuracy": 1.0,
+            "train_max": 4, "baseline": 0.1, "step": 1}
+    rows = [{**base, "seed": s, "length": n, "accuracy": a} for s, n, a in
+            [(0, 4, 1.0), (0, 6, 0.6), (1, 6, 0.4), (0, 8, 0.3), (1, 8, 0.1), (0, 9, 0.0)]]
+    text = summary(aggregate(rows))
+    assert "| copy | ntp | 0.500 ± 0.100 (2) @6 | 0.200 ± 0.100 (2) @8 | 0.1 / 0.1 |" in text
+    assert summary(aggregate([r for r in rows if r["length"] < 8])).endswith("@6 | – | 0.1 |\n")
+
+
 def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     looped = tmp_path / "looped"
     assert main(["train", *TINY, "--set=method=looped", "--out", str(looped), "--no-progress"]) == 0
