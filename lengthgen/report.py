@@ -87,43 +87,45 @@ def at_multiple(lengths: list[int], train_max: int, factor: float) -> int | None
     return min(beyond) if beyond else None
 
 
+def task_view(agg: list[dict], task: str) -> dict:
+    """One task's aggregated rows, indexed the way both report tables read them."""
+    rows = [a for a in agg if a["task"] == task]
+    differ = len({a["position"] for a in rows}) > 1
+    series = sorted({series_key(a) for a in rows})
+    return {"rows": rows, "series": series, "labels": [series_label(k, differ) for k in series],
+            "lengths": sorted({a["length"] for a in rows}), "train_max": max(a["train_max"] for a in rows),
+            "at": {(*series_key(a), a["length"]): a for a in rows},
+            "baseline": {a["length"]: a["baseline"] for a in rows}}
+
+
 def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0)) -> str:
     """One row per (task, series): accuracy at 1.5x and 2x the training maximum,
     the paper's headline comparison, so tasks can be read side by side."""
     head = " | ".join(f"{f:g}× train max" for f in factors)
     lines = [f"| task | series | {head} | random |", "|---|---|" + "---:|" * (len(factors) + 1)]
     for task in sorted({a["task"] for a in agg}):
-        rows = [a for a in agg if a["task"] == task]
-        differ = len({a["position"] for a in rows}) > 1
-        train_max = max(a["train_max"] for a in rows)
-        lengths = sorted({a["length"] for a in rows})
-        at = {(*series_key(a), a["length"]): a for a in rows}
-        targets = [at_multiple(lengths, train_max, f) for f in factors]
-        base = {a["length"]: a["baseline"] for a in rows}
-        chance = " / ".join(f"{base[n]:.2g}" for n in targets if n)
-        for key in sorted({series_key(a) for a in rows}):
-            cells = [f"{_cell(at.get((*key, n)))} @{n}" if n and (*key, n) in at else "–" for n in targets]
-            lines.append(f"| {task} | {series_label(key, differ)} | " + " | ".join(cells) + f" | {chance} |")
+        v = task_view(agg, task)
+        targets = [at_multiple(v["lengths"], v["train_max"], f) for f in factors]
+        chance = " / ".join(f"{v['baseline'][n]:.2g}" for n in targets if n)
+        for key, label in zip(v["series"], v["labels"]):
+            cells = [f"{_cell(v['at'][(*key, n)])} @{n}" if n and (*key, n) in v["at"] else "–" for n in targets]
+            lines.append(f"| {task} | {label} | " + " | ".join(cells) + f" | {chance} |")
     return "\n".join(lines) + "\n"
 
 
 def markdown(agg: list[dict]) -> str:
     parts = []
     for task in sorted({a["task"] for a in agg}):
-        rows = [a for a in agg if a["task"] == task]
-        differ = len({a["position"] for a in rows}) > 1
-        series = sorted({series_key(a) for a in rows})
-        labels = [series_label(k, differ) for k in series]
-        lengths = sorted({a["length"] for a in rows})
-        train_max = max(a["train_max"] for a in rows)
-        at = {(*series_key(a), a["length"]): a for a in rows}
+        v = task_view(agg, task)
+        rows, series, labels, lengths, train_max, at = (v[k] for k in ("rows", "series", "labels", "lengths",
+                                                                         "train_max", "at"))
         lines = [f"### {task}", "",
                  f"Exact-match accuracy, mean ± standard error over seeds (number of seeds in brackets); "
                  f"trained on lengths ≤ {train_max}; `random` is the chance of a uniform random guess.", "",
                  "| length | " + " | ".join(labels) + " | random |",
                  "|---:|" + "---:|" * (len(labels) + 1)]
         for n in lengths:
-            base = next(a["baseline"] for a in rows if a["length"] == n)
+            base = v["baseline"][n]
             name = f"{n}" if n <= train_max else f"**{n}**"
             lines.append(f"| {name} | " + " | ".join(_cell(at.get((*k, n))) for k in series) + f" | {base:.2g} |")
         lines += ["", "Bold lengths are beyond training. Mean over lengths:", "",
@@ -131,7 +133,7 @@ def markdown(agg: list[dict]) -> str:
         for key, label in zip(series, labels):
             inside = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] <= train_max]
             beyond = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] > train_max]
-            fmt = lambda v: f"{sum(v) / len(v):.3f}" if v else "–"  # noqa: E731
+            fmt = lambda xs: f"{sum(xs) / len(xs):.3f}" if xs else "–"  # noqa: E731
             lines.append(f"| {label} | {fmt(inside)} | {fmt(beyond)} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"

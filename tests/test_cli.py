@@ -43,6 +43,7 @@ def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     (["train", "--set=task.name=sorting"], "task.name"),
     (["eval", "no/such/run"], "does not exist"),
     (["report", "no/such/dir"], "does not exist"),
+    (["reproduce", "looped", "--threads", "-1", "--out", "no/such/out"], "--threads >= 0"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, capsys):
     assert main(args) == 2
