@@ -2,11 +2,11 @@
 
 - fast:    no logit hook -> F.scaled_dot_product_attention(is_causal=True), so
            flash / memory-efficient kernels apply (NoPE, learned, sinusoidal, RoPE).
-           Except bf16/fp16 on CPU: there torch's CPU flash kernel was 1.3-3x
-           slower (forward + backward) than two batched matmuls and a float32
-           softmax (`math_causal_attention`) at the looped paper scale (64 heads
-           of dim 4 at length 21; 8 heads of dim 32 at length 62), while in
-           fp32 it was 1.5-3x faster than them. GPU paths are unchanged.
+           Except bf16/fp16 on CPU: there torch's CPU flash kernel was 1.5-14x
+           slower (forward + backward) than `math_causal_attention` (two
+           batched matmuls and a float32 softmax) at the looped models' shapes,
+           while in fp32 it was 3-11x faster than them
+           (benchmarks/attention_paths.py). GPU paths are unchanged.
 - bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
 - content: `scheme.has_content` -> the scheme returns the full masked logits
            (CoPE, TRA); softmax in float32 here, rows with no kept key give 0.
@@ -48,13 +48,18 @@ def masked_softmax(logits: Tensor) -> Tensor:
 
 def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
     """Causal softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) inputs, as SDPA
-    with is_causal=True, but with plain batched matmuls; logits and softmax in
-    float32, as SDPA's CPU kernel accumulates them."""
-    T = q.shape[-2]
-    logits = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5  # (B, H, T, T)
-    above = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    att = F.dropout(torch.softmax(logits.masked_fill(above, float("-inf")), dim=-1), dropout_p)
-    return att.to(v.dtype) @ v  # (B, H, T, Dh)
+    with is_causal=True, but with plain batched matmuls and a float32 softmax.
+
+    The scale and the causal mask ride along in the logits matmul (baddbmm:
+    mask + scale * q k^T), and the softmax casts inside its own kernel: three
+    separate passes over the (B, H, T, T) logits (scale, mask, cast) cost a
+    Parity bf16 step about as much as its attention matmuls."""
+    B, H, T, Dh = q.shape
+    mask = causal_mask(T, q.device, q.dtype)  # (T, T), broadcast over B * H
+    logits = torch.baddbmm(mask, q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2),
+                           alpha=Dh ** -0.5)  # (B * H, T, T), in q's dtype as before the cast
+    att = F.dropout(torch.softmax(logits, dim=-1, dtype=torch.float32), dropout_p)
+    return (att.to(v.dtype) @ v.reshape(B * H, T, Dh)).view(B, H, T, Dh)
 
 
 def use_math_attention(q: Tensor) -> bool:
@@ -65,11 +70,13 @@ def use_math_attention(q: Tensor) -> bool:
 class Packed:
     """Layout of k rows of widths w_r stored row after row as (N = sum w_r, C) tokens.
 
-    Padding and unpadding are slices, views and one concatenation per run of
-    equal-width rows (the looped loss sorts rows so that equal widths sit
-    together): their backward passes are plain copies. Gathers with an index
-    tensor were tried first; their backward (index_put with accumulation) made
-    a bf16 Parity step on CPU 1.5x slower than without packing.
+    Padding and unpadding split the tokens (or rows) into runs of equal-width
+    rows (the looped loss sorts rows so that equal widths sit together) and
+    concatenate the padded (or trimmed) runs: their backward passes are one
+    concatenation and plain copies. One slice per run would cost a zero-filled
+    gradient of the whole array per run in the backward pass; gathers with an
+    index tensor (backward: index_put with accumulation) made a bf16 Parity
+    step on CPU 1.5x slower than without packing.
 
     `multiple`: the token array has `capacity` rows, the token count rounded up
     to this multiple; the extra rows are zeros that only the per-token layers
@@ -81,29 +88,25 @@ class Packed:
     def __init__(self, widths: list[int], multiple: int = 1):
         self.rows, self.width, self.tokens = len(widths), max(widths), sum(widths)
         self.capacity = -(-self.tokens // multiple) * multiple
-        self.runs: list[tuple[int, int, int]] = []  # (first token, rows, width) of each equal-width run
-        start = 0
+        self.runs: list[tuple[int, int]] = []  # (rows, width) of each run of equal-width rows
         for w in widths:
-            if self.runs and self.runs[-1][2] == w:
-                first, rows, _ = self.runs[-1]
-                self.runs[-1] = (first, rows + 1, w)
+            if self.runs and self.runs[-1][1] == w:
+                self.runs[-1] = (self.runs[-1][0] + 1, w)
             else:
-                self.runs.append((start, 1, w))
-            start += w
+                self.runs.append((1, w))
 
     def pad(self, x: Tensor) -> Tensor:
-        """(capacity, C) tokens -> (k, W, C) rows, zeros past each row's end."""
+        """(capacity or tokens, C) tokens -> (k, W, C) rows, zeros past each row's end."""
         C, W = x.shape[-1], self.width
-        parts = [F.pad(x[first:first + rows * w].view(rows, w, C), (0, 0, 0, W - w))
-                 for first, rows, w in self.runs]
+        runs = x.split([rows * w for rows, w in self.runs] + [x.shape[0] - self.tokens])
+        parts = [F.pad(run.view(rows, w, C), (0, 0, 0, W - w)) for run, (rows, w) in zip(runs, self.runs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def unpad(self, y: Tensor) -> Tensor:
         """(k, W, C) rows -> (capacity, C) tokens, zeros after the last real one."""
-        C, parts, row = y.shape[-1], [], 0
-        for _, rows, w in self.runs:
-            parts.append(y[row:row + rows, :w].reshape(rows * w, C))
-            row += rows
+        C = y.shape[-1]
+        runs = y.split([rows for rows, _ in self.runs])
+        parts = [run[:, :w].reshape(rows * w, C) for run, (rows, w) in zip(runs, self.runs)]
         if self.capacity > self.tokens:
             parts.append(y.new_zeros(self.capacity - self.tokens, C))
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,0 +1,53 @@
+"""Causal attention on CPU: torch's SDPA kernel vs `math_causal_attention`
+(baddbmm with the mask and scale folded in, float32 softmax), forward + backward,
+fp32 and bf16, at the looped models' shapes. It decides which path
+`lengthgen.attention` takes on CPU (`use_math_attention`).
+
+    python benchmarks/attention_paths.py [--repeats 20]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lengthgen.attention import math_causal_attention
+
+SHAPES = {  # (batch, heads, length, head dim)
+    "parity paper (64 heads of 4)": (64, 64, 22, 4),
+    "addition paper (8 heads of 32)": (64, 8, 62, 32),
+    "parity cpu (16 heads of 4)": (64, 16, 14, 4),
+    "copy cpu (4 heads of 16)": (64, 4, 21, 16),
+}
+
+
+def median_ms(fn, q, k, v, repeats: int) -> float:
+    """Median milliseconds of forward + backward over `repeats` (after 2 warm-up calls)."""
+    times = []
+    for _ in range(repeats + 2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        start = time.perf_counter()
+        fn(*leaves).sum().backward()
+        times.append(time.perf_counter() - start)
+    return sorted(times[2:])[repeats // 2] * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args()
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; forward + backward, median ms")
+    print(f"{'shape':<32} {'dtype':<6} {'sdpa ms':>8} {'math ms':>8} {'sdpa / math':>11}")
+    for name, (B, H, T, Dh) in SHAPES.items():
+        for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            # (B, T, H, Dh) transposed, as the model's q, k, v views are laid out
+            q, k, v = (torch.randn(B, T, H, Dh).transpose(1, 2).to(dtype) for _ in range(3))
+            a, m = median_ms(sdpa, q, k, v, args.repeats), median_ms(math_causal_attention, q, k, v, args.repeats)
+            print(f"{name:<32} {label:<6} {a:>8.2f} {m:>8.2f} {a / m:>10.2f}x")
+
+
+if __name__ == "__main__":
+    main()
