@@ -18,7 +18,11 @@ when absolute times drift:
    objective needs) / step time / peak matmul FLOP/s. For the max scheme the same
    useful FLOPs are divided by its (longer) step time.
 
-    python benchmarks/looped_speed.py [--steps 10] [--tasks parity,addition]
+    python benchmarks/looped_speed.py [--steps 10] [--tasks parity,addition] [--token-multiple 64]
+
+--token-multiple 1 packs exact token counts instead of rounding them up
+(lengthgen.looped.TOKEN_MULTIPLE), to see what the rounding buys: every fresh
+batch then brings new matmul shapes.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lengthgen import config
+from lengthgen import config, looped
 from lengthgen.looped import looped_loss
 from lengthgen.methods import get_method
 from lengthgen.tasks import get_task
@@ -89,8 +93,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10, help="timed training steps per variant")
     p.add_argument("--tasks", default="parity,addition")
+    p.add_argument("--token-multiple", type=int, default=looped.TOKEN_MULTIPLE,
+                   help="round packed token counts up to this multiple (1: exact counts)")
     args = p.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 64, lengths mixed in 1..20")
+    looped.TOKEN_MULTIPLE = args.token_multiple
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 64, lengths mixed in 1..20, "
+          f"packed token counts rounded up to a multiple of {looped.TOKEN_MULTIPLE}")
     peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     print(f"matmul 2048^2: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
     print(f"\n{'task':<10} {'precision':<9} {'max ms':>8} {'padded ms':>9} {'prefix ms':>9} {'speed-up':>8} "

@@ -165,7 +165,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(methods)} methods x {seeds} seeds) in {out}/runs, "
           f"{workers} worker(s)", file=sys.stderr)
-    results = []
+    results, start = [], time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = [pool.submit(run_job, job) for job in jobs]
@@ -176,6 +176,11 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
                 tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
     failed = [r for r in results if not r["ok"]]
     (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
+    # seconds each run took in this invocation (about 0 when it was already finished): plans the next one
+    (out / "timing.csv").write_text("run,ok,seconds\n" + "".join(
+        f"{Path(r['folder']).name},{r['ok']},{r['seconds']:.1f}\n" for r in sorted(results, key=lambda r: r["folder"])))
+    print(f"{len(results)} runs done in {time.perf_counter() - start:.0f} s of wall time "
+          f"({len(failed)} failed); per run: {out / 'timing.csv'}", file=sys.stderr)
     from .report import write_report
     command = (f"lengthgen reproduce {paper} --scale {scale} --seeds {seeds} --tasks {','.join(tasks)} "
                f"--methods {','.join(methods)} --out {out}" + "".join(f" --set {e}" for e in extra or []))

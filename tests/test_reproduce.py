@@ -84,6 +84,9 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     assert "### parity" in text and "looped, oracle stop" in text and "ntp" in text
     assert "looped, confidence stop" in text and (out / "accuracy_vs_iteration.png").is_file()
     assert (out / "accuracy_vs_length.png").is_file() and (out / "results.csv").is_file()
+    first = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])
+    assert set(first) == {"parity-looped-s0", "parity-ntp-s0", "copy-looped-s0", "copy-ntp-s0"}
+    assert first["parity-looped-s0"].startswith("True,") and first["copy-ntp-s0"].startswith("False,")
     # a second call skips the finished runs: their files are not rewritten
     done = out / "runs" / "parity-looped-s0" / "eval.done"
     ckpt = out / "runs" / "parity-looped-s0" / "checkpoints" / "latest"
@@ -91,6 +94,9 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out, workers=1,
                  progress=False)
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
+    timing = (out / "timing.csv").read_text().splitlines()  # this invocation's: one skipped run
+    assert timing[0] == "run,ok,seconds" and timing[1].startswith("parity-looped-s0,True,") and len(timing) == 2
+    assert float(timing[1].split(",")[2]) < 1.0
     # another config into the same folder is refused and reported, the finished run is kept
     with pytest.raises(UserError, match="every run failed"):
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out,
