@@ -139,16 +139,23 @@ def markdown(agg: list[dict]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def series_colors(agg: list[dict]) -> dict[tuple, str]:
+    """One colour per series, the same in every panel."""
+    return {key: f"C{i % 10}" for i, key in enumerate(sorted({series_key(a) for a in agg}))}
+
+
 def plot(agg: list[dict], path: Path) -> None:
-    """Accuracy vs length, one panel per task, training range shaded."""
+    """Accuracy vs length, one panel per task, training range shaded, one legend below."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks = sorted({a["task"] for a in agg})
+    colors = series_colors(agg)
     cols = min(3, len(tasks))
     rows_n = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.6 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.4 * rows_n), squeeze=False)
+    legend: dict[str, object] = {}  # label -> handle, across panels
     for ax, task in zip(axes.flat, tasks):
         rows = [a for a in agg if a["task"] == task]
         differ = len({a["position"] for a in rows}) > 1
@@ -160,14 +167,19 @@ def plot(agg: list[dict], path: Path) -> None:
             err = [0 if math.isnan(a["stderr"]) else a["stderr"] for a in s]
             seeds = max(a["seeds"] for a in s)
             ax.errorbar([a["length"] for a in s], [a["accuracy"] for a in s], yerr=err, marker="o", ms=3,
-                        capsize=2, label=f"{series_label(key, differ)} ({seeds} seed{'s' * (seeds > 1)})")
+                        capsize=2, color=colors[key],
+                        label=f"{series_label(key, differ)} ({seeds} seed{'s' * (seeds > 1)})")
         base = {a["length"]: a["baseline"] for a in rows}
         ax.plot(lengths, [base[n] for n in lengths], "k--", lw=1, label="random guess")
         ax.set(title=task, xlabel="problem length n", ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
-        ax.legend(fontsize=7, loc="lower left")
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
     for ax in axes.flat[len(tasks):]:
         ax.axis("off")
-    fig.tight_layout()
+    ncol = min(cols, len(legend))  # a legend column per panel column keeps the labels inside the figure
+    legend_height = 0.2 * math.ceil(len(legend) / ncol) + 0.2  # inches
+    fig.set_figheight(3.4 * rows_n + legend_height)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend_height / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -126,6 +126,17 @@ def test_report_summary_picks_lengths_at_multiples_of_train_max():
     assert summary(aggregate([r for r in rows if r["length"] < 8])).endswith("@6 | – | 0.1 |\n")
 
 
+def test_plot_gives_each_series_one_colour_in_every_panel():
+    from lengthgen.report import series_colors
+
+    row = {"position": "nope", "stop": ""}
+    agg = [{**row, "task": t, "method": m} for t in ("copy", "parity") for m in ("ntp", "looped")]
+    agg += [{**row, "task": "parity", "method": "looped", "stop": "confidence"}]
+    colors = series_colors(agg)
+    assert len(colors) == 3 and len(set(colors.values())) == 3  # one key per series, not per panel
+    assert series_colors(agg[::-1]) == colors  # independent of the row order
+
+
 def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     looped = tmp_path / "looped"
     assert main(["train", *TINY, "--set=method=looped", "--out", str(looped), "--no-progress"]) == 0
