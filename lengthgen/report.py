@@ -172,7 +172,8 @@ def plot(agg: list[dict], path: Path) -> None:
         base = {a["length"]: a["baseline"] for a in rows}
         ax.plot(lengths, [base[n] for n in lengths], "k--", lw=1, label="random guess")
         ax.set(title=task, xlabel="problem length n", ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
-        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+        handles, labels = ax.get_legend_handles_labels()
+        legend.update(zip(labels, handles))
     for ax in axes.flat[len(tasks):]:
         ax.axis("off")
     ncol = min(cols, len(legend))  # a legend column per panel column keeps the labels inside the figure
