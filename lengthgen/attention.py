@@ -76,7 +76,7 @@ class Packed:
     concatenation and plain copies. One slice per run would cost a zero-filled
     gradient of the whole array per run in the backward pass; gathers with an
     index tensor (backward: index_put with accumulation) made a bf16 Parity
-    step on CPU 1.5x slower than without packing.
+    step on CPU slower than no packing at all.
 
     `multiple`: the token array has `capacity` rows, the token count rounded up
     to this multiple; the extra rows are zeros that only the per-token layers
