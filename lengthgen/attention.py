@@ -82,7 +82,8 @@ class Packed:
     to this multiple; the extra rows are zeros that only the per-token layers
     see. Few distinct shapes matter on CPU in bf16, where oneDNN builds a new
     matmul kernel for every new shape: with an exact count every fresh batch
-    brought new shapes and a Parity step took 1.6x longer than on a repeated one.
+    brings new shapes, and a bf16 Parity step took 1.7x longer
+    (benchmarks/looped_speed.py --token-multiple 1).
     """
 
     def __init__(self, widths: list[int], multiple: int = 1):
