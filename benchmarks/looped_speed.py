@@ -96,6 +96,8 @@ def main() -> None:
     p.add_argument("--token-multiple", type=int, default=looped.TOKEN_MULTIPLE,
                    help="round packed token counts up to this multiple (1: exact counts)")
     args = p.parse_args()
+    if args.token_multiple < 1:
+        p.error(f"--token-multiple must be >= 1, got {args.token_multiple}")
     looped.TOKEN_MULTIPLE = args.token_multiple
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 64, lengths mixed in 1..20, "
           f"packed token counts rounded up to a multiple of {looped.TOKEN_MULTIPLE}")

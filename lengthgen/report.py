@@ -157,20 +157,15 @@ def plot(agg: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.4 * rows_n), squeeze=False)
     legend: dict[str, object] = {}  # label -> handle, across panels
     for ax, task in zip(axes.flat, tasks):
-        rows = [a for a in agg if a["task"] == task]
-        differ = len({a["position"] for a in rows}) > 1
-        lengths = sorted({a["length"] for a in rows})
-        train_max = max(a["train_max"] for a in rows)
-        ax.axvspan(min(lengths) - 0.5, train_max + 0.5, color="0.9", label="training lengths")
-        for key in sorted({series_key(a) for a in rows}):
-            s = sorted((a for a in rows if series_key(a) == key), key=lambda a: a["length"])
+        v = task_view(agg, task)
+        ax.axvspan(min(v["lengths"]) - 0.5, v["train_max"] + 0.5, color="0.9", label="training lengths")
+        for key, label in zip(v["series"], v["labels"]):
+            s = [v["at"][(*key, n)] for n in v["lengths"] if (*key, n) in v["at"]]
             err = [0 if math.isnan(a["stderr"]) else a["stderr"] for a in s]
             seeds = max(a["seeds"] for a in s)
             ax.errorbar([a["length"] for a in s], [a["accuracy"] for a in s], yerr=err, marker="o", ms=3,
-                        capsize=2, color=colors[key],
-                        label=f"{series_label(key, differ)} ({seeds} seed{'s' * (seeds > 1)})")
-        base = {a["length"]: a["baseline"] for a in rows}
-        ax.plot(lengths, [base[n] for n in lengths], "k--", lw=1, label="random guess")
+                        capsize=2, color=colors[key], label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")
+        ax.plot(v["lengths"], [v["baseline"][n] for n in v["lengths"]], "k--", lw=1, label="random guess")
         ax.set(title=task, xlabel="problem length n", ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
         handles, labels = ax.get_legend_handles_labels()
         legend.update(zip(labels, handles))
