@@ -49,9 +49,11 @@ def cmd_eval(args) -> None:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
     if args.lengths is None:
         args.lengths = load_run(args.run)[0].eval.lengths
+    stops = args.stop.split(",") if args.stop else None
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
-                        args.seed, stop=args.stop, per_step=args.per_step, progress=not args.no_progress)
-    print(format_table(rows))
+                        args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress)
+    for stop in dict.fromkeys(r["stop"] for r in rows):  # one table per rule, in the order given
+        print(format_table([r for r in rows if r["stop"] == stop]))
     print(f"wrote {Path(args.run) / 'eval.csv'}" + (f" and {Path(args.run) / 'per_step.csv'}" if args.per_step else ""))
 
 
@@ -101,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's eval.seed)")
     e.add_argument("--stop", help="looped methods: oracle (default), fixed:N, confidence[:T_MAX], "
-                   "confidence-per-sample[:T_MAX[:PATIENCE]]")
+                   "confidence-per-sample[:T_MAX[:PATIENCE]]; several, comma-separated, share one pass")
     e.add_argument("--per-step", action="store_true",
                    help="looped methods: also record accuracy and confidence after every iteration -> per_step.csv")
     e.add_argument("--no-progress", action="store_true")

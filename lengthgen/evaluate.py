@@ -65,58 +65,77 @@ def accuracy_at(task: Task, method: Method, model, length: int, samples: int, ba
                 seed: int, device: torch.device, stop: str | None = None) -> tuple[float, float, float]:
     """(exact-match accuracy, token accuracy, mean read-out step) over `samples` test samples
     of one length; the step is NaN for methods without a stop rule."""
-    exact_sum = token_sum = step_sum = 0.0
-    for batch in eval_batches(task, length, samples, batch_size, seed, device):
-        if stop is None:
-            pred, steps = method.predict(model, batch), None
-        else:
-            pred, steps = method.predict_stop(model, batch, stop)
-        exact, token = score(pred, batch)
-        exact_sum += float(exact.float().sum())
-        token_sum += float(token.sum())
-        step_sum += float(steps.float().sum()) if steps is not None else math.nan
-    return exact_sum / samples, token_sum / samples, step_sum / samples
+    results, _ = rules_at(task, method, model, length, samples, batch_size, seed, device, [stop])
+    return results[stop]
 
 
 @torch.no_grad()
-def per_step_at(task: Task, model, length: int, samples: int, batch_size: int, seed: int,
-                device: torch.device) -> list[dict]:
-    """Accuracy and confidence loss after every iteration t <= 2 T(n), same test samples as accuracy_at."""
-    from .stopping import per_step
+def rules_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int, seed: int,
+             device: torch.device, stops: list[str | None], per_step: bool = False) -> tuple[dict, list[dict]]:
+    """({stop: (exact, token accuracy, mean step)}, per-step rows) on one length's test samples.
 
-    exact_sum = conf_sum = oracle_sum = None
+    With several looped rules or `per_step`, each batch runs once to the longest
+    iteration any of them needs (`stopping.trace`) and every rule is read out of
+    that pass: the same choices as the rules' own functions at a fraction of the
+    cost. A lone rule runs its own function (per-sample confidence then retires
+    finished samples). The per-step rows hold accuracy and confidence after every
+    iteration t <= 2 T(n)."""
+    from .stopping import default_t_max, readout, steps_needed, trace
+
+    sums = {stop: [0.0, 0.0, 0.0] for stop in stops}
+    curve = None  # per-step sums over samples: exact (T,), confidence (T,)
+    oracle_sum = 0.0
     for batch in eval_batches(task, length, samples, batch_size, seed, device):
-        t_max = 2 * int(batch.n_steps.max())  # the same bound as the confidence rules' default
-        exact, conf = per_step(model, batch, t_max)  # (t_max, B) each
-        if exact_sum is None:
-            exact_sum, conf_sum, oracle_sum = exact.float().sum(1), conf.sum(1), 0.0
-        else:  # T(n) can differ between batches (multiplication): keep the common steps
-            t = min(len(exact_sum), len(exact))
-            exact_sum, conf_sum = exact_sum[:t] + exact[:t].float().sum(1), conf_sum[:t] + conf[:t].sum(1)
-        oracle_sum += float(batch.n_steps.float().sum())
-    return [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / samples,
-             "confidence": float(c) / samples, "oracle_step": oracle_sum / samples}
-            for t, (a, c) in enumerate(zip(exact_sum, conf_sum))]
+        tr = None
+        if per_step or len(stops) > 1:
+            t_max = max([steps_needed(batch, s) for s in stops] + [default_t_max(batch)] * per_step)
+            tr = trace(model, batch, t_max)
+        for stop in stops:
+            got = readout(tr, batch, stop) if tr is not None else None
+            if got is None:
+                pred, steps = (method.predict(model, batch), None) if stop is None else \
+                    method.predict_stop(model, batch, stop)
+                got = (*score(pred, batch), steps)
+            exact, token, steps = got
+            sums[stop][0] += float(exact.float().sum())
+            sums[stop][1] += float(token.sum())
+            sums[stop][2] += float(steps.float().sum()) if steps is not None else math.nan
+        if per_step:
+            t = default_t_max(batch)  # T(n) can differ between batches (multiplication): keep the common steps
+            exact, conf = tr.exact[:t].float().sum(1), tr.confidence[:t].sum(1)
+            if curve is not None:
+                t = min(len(curve[0]), t)
+                exact, conf = exact[:t] + curve[0][:t], conf[:t] + curve[1][:t]
+            curve = (exact, conf)
+            oracle_sum += float(batch.n_steps.float().sum())
+    results = {stop: tuple(v / samples for v in sums[stop]) for stop in stops}
+    steps_rows = [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / samples,
+                   "confidence": float(c) / samples, "oracle_step": oracle_sum / samples}
+                  for t, (a, c) in enumerate(zip(*curve))] if per_step else []
+    return results, steps_rows
 
 
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
-                 seed: int | None = None, stop: str | None = None, per_step: bool = False,
+                 seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
                  progress: bool = True) -> list[dict]:
-    """Evaluate a run at `lengths`; write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
+    """Evaluate a run at `lengths` under each stop rule in `stops` (looped methods; default
+    oracle); write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
     folder = Path(folder)
     cfg, task, method, model, step = load_run(folder)
     looped = hasattr(method, "predict_stop")
-    if stop is not None and not looped:
+    if stops and not looped:
         raise UserError(f"--stop applies to looped methods; {folder} was trained with method {cfg.method!r}")
     if per_step and not looped:
         raise UserError(f"--per-step applies to looped methods; {folder} was trained with method {cfg.method!r}")
     if looped:
         from .stopping import parse_rule
-        stop = stop or "oracle"
+        stops = stops or ["oracle"]
         try:
-            parse_rule(stop)
+            for stop in stops:
+                parse_rule(stop)
         except ValueError as err:
             raise UserError(str(err)) from None
+    stops = stops or [None]
     device = next(model.parameters()).device
     seed = cfg.eval.seed if seed is None else seed
     batch_size = batch_size or cfg.eval.batch_size
@@ -124,12 +143,13 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     for length in tqdm(lengths, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
             with autocast(device, cfg.train.precision):
-                acc, tok, at = accuracy_at(task, method, model, length, samples, batch_size, seed, device, stop)
-                if per_step:
-                    steps_rows += per_step_at(task, model, length, samples, batch_size, seed, device)
+                results, curve = rules_at(task, method, model, length, samples, batch_size, seed, device,
+                                          stops, per_step)
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
-        rows.append(row(folder, cfg, length, samples, acc, tok, task.random_baseline(length), step, stop, at))
+        steps_rows += curve
+        rows += [row(folder, cfg, length, samples, *results[stop][:2], task.random_baseline(length), step,
+                     stop, results[stop][2]) for stop in stops]
     write_rows(folder / "eval.csv", rows)
     if per_step:
         ident = {k: v for k, v in rows[0].items() if k in PER_STEP_COLUMNS}

@@ -134,9 +134,8 @@ def run_job(job: Job) -> dict:
         done = folder / "eval.done"
         if not done.exists():
             lengths = parse_lengths(cfg.eval.lengths)
-            for stop in job.stops or [None]:
-                evaluate_run(folder, lengths, job.samples or cfg.eval.samples, stop=stop, progress=False,
-                             per_step=job.per_step and stop == "oracle")
+            evaluate_run(folder, lengths, job.samples or cfg.eval.samples, stops=job.stops or None,
+                         per_step=job.per_step, progress=False)
             done.write_text("ok\n")
         return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start}
     except BaseException as err:  # report any failure of this run and let the others go on

@@ -14,6 +14,7 @@ Ties pick the earliest step (strict improvement only), like argmin.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -27,6 +28,14 @@ RULES = ("oracle", "fixed", "confidence", "confidence-per-sample")
 def token_confidence(logits: Tensor) -> Tensor:
     """(B, L, V) -> (B, L): -log max softmax, >= 0 (0 = certain)."""
     return -torch.log_softmax(logits.float(), -1).max(-1).values
+
+
+def _confidences(logits: Tensor, scored: Tensor) -> tuple[Tensor, float]:
+    """(per-sample mean confidence loss (B,), the batch's mean over all its scored
+    positions). One function, so the rules and `trace` compare identical numbers."""
+    sums = (token_confidence(logits) * scored).sum(1)
+    counts = scored.sum(1)
+    return sums / counts.clamp(min=1), float(sums.sum() / counts.sum())
 
 
 def _start(model, batch: Batch):
@@ -66,7 +75,7 @@ def confidence(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
     for t in range(1, t_max + 1):
         h = model.step(h, e, pos)
         logits = model.read(h)  # (B, w, V)
-        conf = float(token_confidence(logits)[scored].mean())
+        conf = _confidences(logits, scored)[1]
         if conf < best:
             best, pred, best_t = conf, logits.argmax(-1), t
     pred = _full(pred, batch.inputs.shape[1])
@@ -123,19 +132,65 @@ def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None 
     return pred, steps
 
 
+@dataclass
+class Trace:
+    """Every read-out t = 1..T of one pass, per sample: exact match (T, B) bool, token
+    accuracy (T, B), mean confidence loss (T, B); and the batch's confidence (T,)."""
+    exact: Tensor
+    token: Tensor
+    confidence: Tensor
+    batch_confidence: list[float]
+
+
 @torch.no_grad()
-def per_step(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
-    """For t = 1..t_max: exact match (t_max, B) bool and per-sample mean
-    confidence loss (t_max, B) of the step-t read-out, for `eval --per-step`."""
+def trace(model, batch: Batch, t_max: int) -> Trace:
+    """Run every sample t_max iterations and score each read-out: one pass from which
+    `readout` takes any number of rules and `eval --per-step` its curve."""
     (h, e, pos), w = _start(model, batch)
     scored, targets = batch.scored[:, :w], batch.targets[:, :w]
-    exact, conf = [], []
+    exact, token, conf, batch_conf = [], [], [], []
     for _ in range(t_max):
         h = model.step(h, e, pos)
         logits = model.read(h)  # (B, w, V)
-        exact.append(((logits.argmax(-1) == targets) | ~scored).all(1))
-        conf.append((token_confidence(logits) * scored).sum(1) / scored.sum(1).clamp(min=1))
-    return torch.stack(exact), torch.stack(conf)
+        right = (logits.argmax(-1) == targets) & scored
+        exact.append((right | ~scored).all(1))
+        token.append(right.sum(1).float() / scored.sum(1).clamp(min=1))
+        per_sample, whole = _confidences(logits, scored)
+        conf.append(per_sample)
+        batch_conf.append(whole)
+    return Trace(torch.stack(exact), torch.stack(token), torch.stack(conf), batch_conf)
+
+
+def steps_needed(batch: Batch, rule: str) -> int:
+    """Iterations a trace must run for `readout` to apply `rule` to `batch`."""
+    name, args = parse_rule(rule)
+    if name == "oracle":
+        return int(per_sample_steps(batch).max())
+    if name == "fixed":
+        return args[0]
+    return args[0] if args else default_t_max(batch)
+
+
+def readout(tr: Trace, batch: Batch, rule: str) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(exact (B,), token accuracy (B,), step (B,)) of `rule` read from a trace: the same
+    choice the rule's own function makes. None for a rule a trace cannot give (patience,
+    which depends on when samples retire, or a trace too short)."""
+    name, args = parse_rule(rule)
+    if (name == "confidence-per-sample" and len(args) > 1) or steps_needed(batch, rule) > len(tr.exact):
+        return None
+    B = tr.exact.shape[1]
+    if name == "oracle":
+        steps = per_sample_steps(batch).to(tr.exact.device)
+    elif name == "fixed":
+        steps = torch.full((B,), args[0], dtype=torch.long, device=tr.exact.device)
+    elif name == "confidence":
+        t_max = steps_needed(batch, rule)
+        best = min(range(t_max), key=lambda t: (tr.batch_confidence[t], t))  # earliest on ties, like the rule
+        steps = torch.full((B,), best + 1, dtype=torch.long, device=tr.exact.device)
+    else:
+        steps = tr.confidence[:steps_needed(batch, rule)].argmin(0) + 1  # argmin takes the earliest on ties
+    at = (steps - 1)[None]
+    return tr.exact.gather(0, at)[0], tr.token.gather(0, at)[0], steps
 
 
 def parse_rule(rule: str) -> tuple[str, list[int]]:

@@ -151,6 +151,18 @@ def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     assert [int(r["iteration"]) for r in steps] == list(range(1, 11))  # up to 2 T(n)
     # the per-step accuracy at T(n) is the oracle accuracy on the same test samples
     assert float(steps[4]["accuracy"]) == pytest.approx(float(rows[("oracle", 5)]["accuracy"]))
+    # several rules share one pass and give what each gives alone
+    assert main(["eval", str(looped), "--lengths", "3,5", "--samples", "16", "--stop", "confidence-per-sample",
+                 "--no-progress"]) == 0
+    with open(looped / "eval.csv") as f:
+        alone = {(r["stop"], int(r["length"])): r for r in csv.DictReader(f)}
+    assert main(["eval", str(looped), "--lengths", "3,5", "--samples", "16", "--stop",
+                 "fixed:2,confidence-per-sample,oracle", "--no-progress"]) == 0
+    with open(looped / "eval.csv") as f:
+        shared = {(r["stop"], int(r["length"])): r for r in csv.DictReader(f)}
+    for key in (("fixed:2", 5), ("oracle", 3), ("confidence-per-sample", 5)):
+        before = rows.get(key) or alone[key]
+        assert (shared[key]["accuracy"], shared[key]["stop_step"]) == (before["accuracy"], before["stop_step"])
     capsys.readouterr()
     assert main(["eval", str(looped), "--stop", "sometimes", "--no-progress"]) == 2
     assert "stop rule 'sometimes'" in capsys.readouterr().err

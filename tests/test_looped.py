@@ -225,9 +225,10 @@ def test_retirement_exact_rules_keep_the_result():
         assert stats["sample_steps"] == cost
 
 
-def test_per_step_record_and_rule_parsing():
+def test_trace_record_and_rule_parsing():
     batch, model = scripted_case(CONF)
-    exact, conf = stopping.per_step(model, batch, 4)
+    tr = stopping.trace(model, batch, 4)
+    exact, conf = tr.exact, tr.confidence
     assert exact.shape == conf.shape == (4, 3)
     assert torch.allclose(conf, torch.tensor(CONF), atol=1e-4)
     right = model.table.argmax(-1)[:, torch.arange(3)] == batch.targets
@@ -308,9 +309,33 @@ def test_baselines_loss_drops(name):
     assert sum(losses[-10:]) / 10 < 0.7 * sum(losses[:10]) / 10, losses
 
 
+def test_rules_read_from_one_trace_match_their_own_passes():
+    batch, model = scripted_case(CONF)
+    tr = stopping.trace(model, batch, 4)
+    for rule in ("fixed:3", "confidence", "confidence:2", "confidence-per-sample", "confidence-per-sample:3"):
+        if stopping.steps_needed(batch, rule) > 4:
+            assert stopping.readout(tr, batch, rule) is None  # the default search bound 2 T(n) is 8 here
+            continue
+        exact, token, steps = stopping.readout(tr, batch, rule)
+        pred, want = stopping.predict_stop(model, batch, rule)
+        assert torch.equal(steps, want), rule
+        assert torch.equal(exact, ((pred == batch.targets) | ~batch.scored).all(1)), rule
+    assert stopping.readout(tr, batch, "confidence-per-sample:4:1") is None  # patience needs its own pass
+    model, batch = tiny().eval(), mixed_batch()  # a real model, samples of several lengths
+    tr = stopping.trace(model, batch, 16)  # 2 T(n) of the longest
+    for rule in ("oracle", "fixed:5", "confidence", "confidence:6", "confidence-per-sample", "confidence-per-sample:9"):
+        exact, token, steps = stopping.readout(tr, batch, rule)
+        pred, want = stopping.predict_stop(model, batch, rule)
+        right = (pred == batch.targets) & batch.scored
+        assert torch.equal(steps, want), rule
+        assert torch.equal(exact, (right | ~batch.scored).all(1)), rule
+        assert torch.allclose(token, right.sum(1).float() / batch.scored.sum(1)), rule
+
+
 def test_rules_on_a_real_model_agree_with_the_per_step_record():
     model, batch = tiny().eval(), mixed_batch()
-    exact, conf = stopping.per_step(model, batch, 12)
+    tr = stopping.trace(model, batch, 12)
+    exact, conf = tr.exact, tr.confidence
     _, steps = stopping.confidence_per_sample(model, batch, 12)
     assert torch.equal(steps, conf.argmin(0) + 1)
     _, steps = stopping.confidence(model, batch, 12)
