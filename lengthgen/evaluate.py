@@ -88,8 +88,8 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
     for batch in eval_batches(task, length, samples, batch_size, seed, device):
         tr = None
         if per_step or len(stops) > 1:
-            t_max = max([steps_needed(batch, s) for s in stops] + [default_t_max(batch)] * per_step)
-            tr = trace(model, batch, t_max)
+            needs = [steps_needed(batch, s) for s in stops] + ([default_t_max(batch)] if per_step else [])
+            tr = trace(model, batch, max(needs))
         for stop in stops:
             got = readout(tr, batch, stop) if tr is not None else None
             if got is None:
