@@ -111,6 +111,20 @@ def plan(paper: str, scale: str, tasks: list[str], methods: list[str], seeds: in
     return jobs
 
 
+def write_timing(path: Path, results: list[dict]) -> None:
+    """run,ok,seconds of the invocation that trained or evaluated each run (plans the next
+    grid). A run this invocation only skipped keeps its earlier row, so re-running a
+    finished reproduction to rebuild its report does not erase the measured times."""
+    rows = {}
+    if path.is_file():
+        rows = {line.split(",", 1)[0]: line for line in path.read_text().splitlines()[1:] if line}
+    for r in results:
+        name = Path(r["folder"]).name
+        if not (r.get("skipped") and name in rows):
+            rows[name] = f"{name},{r['ok']},{r['seconds']:.1f}"
+    path.write_text("run,ok,seconds\n" + "".join(rows[name] + "\n" for name in sorted(rows)))
+
+
 def run_job(job: Job) -> dict:
     """Train (or resume, or skip) and evaluate one run; never raises."""
     import torch
@@ -128,6 +142,7 @@ def run_job(job: Job) -> dict:
         if difference:
             raise UserError(f"{folder} holds a run of another config ({difference}); "
                             "use another --out or delete that folder")
+        skipped = is_finished(folder) and (folder / "eval.done").exists()
         if not is_finished(folder):
             resume = folder.is_dir() and checkpoint.latest(folder) is not None
             train(cfg, folder, resume=resume, force=not resume, progress=False)
@@ -137,7 +152,7 @@ def run_job(job: Job) -> dict:
             evaluate_run(folder, lengths, job.samples or cfg.eval.samples, stops=job.stops or None,
                          per_step=job.per_step, progress=False)
             done.write_text("ok\n")
-        return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start}
+        return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start, "skipped": skipped}
     except BaseException as err:  # report any failure of this run and let the others go on
         return {"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
@@ -175,9 +190,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
                 tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
     failed = [r for r in results if not r["ok"]]
     (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
-    # seconds each run took in this invocation (about 0 when it was already finished): plans the next one
-    (out / "timing.csv").write_text("run,ok,seconds\n" + "".join(
-        f"{Path(r['folder']).name},{r['ok']},{r['seconds']:.1f}\n" for r in sorted(results, key=lambda r: r["folder"])))
+    write_timing(out / "timing.csv", results)
     print(f"{len(results)} runs done in {time.perf_counter() - start:.0f} s of wall time "
           f"({len(failed)} failed); per run: {out / 'timing.csv'}", file=sys.stderr)
     from .report import write_report

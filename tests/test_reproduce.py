@@ -94,9 +94,9 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out, workers=1,
                  progress=False)
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
-    timing = (out / "timing.csv").read_text().splitlines()  # this invocation's: one skipped run
-    assert timing[0] == "run,ok,seconds" and timing[1].startswith("parity-looped-s0,True,") and len(timing) == 2
-    assert float(timing[1].split(",")[2]) < 1.0
+    # the skipped run keeps the seconds measured when it was trained; the other rows stay
+    second = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])
+    assert second == first
     # another config into the same folder is refused and reported, the finished run is kept
     with pytest.raises(UserError, match="every run failed"):
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out,
