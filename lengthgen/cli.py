@@ -49,7 +49,7 @@ def cmd_eval(args) -> None:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
     if args.lengths is None:
         args.lengths = load_run(args.run)[0].eval.lengths
-    stops = list(dict.fromkeys(args.stop.split(","))) if args.stop else None  # each rule once
+    stops = args.stop.split(",") if args.stop else None
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
                         args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress)
     for stop in dict.fromkeys(r["stop"] for r in rows):  # one table per rule, in the order given

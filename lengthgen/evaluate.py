@@ -129,7 +129,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         raise UserError(f"--per-step applies to looped methods; {folder} was trained with method {cfg.method!r}")
     if looped:
         from .stopping import parse_rule
-        stops = stops or ["oracle"]
+        stops = list(dict.fromkeys(stops or ["oracle"]))  # a rule given twice is evaluated once
         try:
             for stop in stops:
                 parse_rule(stop)

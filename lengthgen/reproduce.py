@@ -142,11 +142,11 @@ def run_job(job: Job) -> dict:
         if difference:
             raise UserError(f"{folder} holds a run of another config ({difference}); "
                             "use another --out or delete that folder")
-        skipped = is_finished(folder) and (folder / "eval.done").exists()
-        if not is_finished(folder):
+        finished, done = is_finished(folder), folder / "eval.done"
+        skipped = finished and done.exists()
+        if not finished:
             resume = folder.is_dir() and checkpoint.latest(folder) is not None
             train(cfg, folder, resume=resume, force=not resume, progress=False)
-        done = folder / "eval.done"
         if not done.exists():
             lengths = parse_lengths(cfg.eval.lengths)
             evaluate_run(folder, lengths, job.samples or cfg.eval.samples, stops=job.stops or None,

@@ -176,7 +176,8 @@ def readout(tr: Trace, batch: Batch, rule: str) -> tuple[Tensor, Tensor, Tensor]
     choice the rule's own function makes. None for a rule a trace cannot give (patience,
     which depends on when samples retire, or a trace too short)."""
     name, args = parse_rule(rule)
-    if (name == "confidence-per-sample" and len(args) > 1) or steps_needed(batch, rule) > len(tr.exact):
+    need = steps_needed(batch, rule)
+    if (name == "confidence-per-sample" and len(args) > 1) or need > len(tr.exact):
         return None
     B = tr.exact.shape[1]
     if name == "oracle":
@@ -184,11 +185,10 @@ def readout(tr: Trace, batch: Batch, rule: str) -> tuple[Tensor, Tensor, Tensor]
     elif name == "fixed":
         steps = torch.full((B,), args[0], dtype=torch.long, device=tr.exact.device)
     elif name == "confidence":
-        t_max = steps_needed(batch, rule)
-        best = min(range(t_max), key=lambda t: (tr.batch_confidence[t], t))  # earliest on ties, like the rule
+        best = min(range(need), key=lambda t: (tr.batch_confidence[t], t))  # earliest on ties, like the rule
         steps = torch.full((B,), best + 1, dtype=torch.long, device=tr.exact.device)
     else:
-        steps = tr.confidence[:steps_needed(batch, rule)].argmin(0) + 1  # argmin takes the earliest on ties
+        steps = tr.confidence[:need].argmin(0) + 1  # argmin takes the earliest on ties
     at = (steps - 1)[None]
     return tr.exact.gather(0, at)[0], tr.token.gather(0, at)[0], steps
 
