@@ -3,6 +3,11 @@
 fp32 and bf16, at the looped models' shapes. It decides which path
 `lengthgen.attention` takes on CPU (`use_math_attention`).
 
+A second table checks the softmax inside the bf16 path: float32 softmax with
+the casts to and from bf16 (what `math_causal_attention` does) against a
+softmax that takes and returns bf16 (torch's CPU kernel accumulates in float32
+either way), forward + backward over the (B * H, T, T) logits.
+
     python benchmarks/attention_paths.py [--repeats 20]
 """
 from __future__ import annotations
@@ -23,11 +28,11 @@ SHAPES = {  # (batch, heads, length, head dim)
 }
 
 
-def median_ms(fn, q, k, v, repeats: int) -> float:
+def median_ms(fn, *inputs, repeats: int) -> float:
     """Median milliseconds of forward + backward over `repeats` (after 2 warm-up calls)."""
     times = []
     for _ in range(repeats + 2):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        leaves = [t.detach().requires_grad_() for t in inputs]
         start = time.perf_counter()
         fn(*leaves).sum().backward()
         times.append(time.perf_counter() - start)
@@ -45,8 +50,17 @@ def main() -> None:
         for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
             # (B, T, H, Dh) transposed, as the model's q, k, v views are laid out
             q, k, v = (torch.randn(B, T, H, Dh).transpose(1, 2).to(dtype) for _ in range(3))
-            a, m = median_ms(sdpa, q, k, v, args.repeats), median_ms(math_causal_attention, q, k, v, args.repeats)
+            a = median_ms(sdpa, q, k, v, repeats=args.repeats)
+            m = median_ms(math_causal_attention, q, k, v, repeats=args.repeats)
             print(f"{name:<32} {label:<6} {a:>8.2f} {m:>8.2f} {a / m:>10.2f}x")
+    f32 = lambda x: torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)  # noqa: E731
+    low = lambda x: torch.softmax(x, dim=-1)  # noqa: E731
+    print(f"\nbf16 softmax over (B * H, T, T) logits; forward + backward, median ms")
+    print(f"{'shape':<32} {'float32 + casts':>15} {'bf16':>8} {'bf16 / float32':>14}")
+    for name, (B, H, T, _) in SHAPES.items():
+        x = torch.randn(B * H, T, T).bfloat16()
+        a, b = median_ms(f32, x, repeats=args.repeats), median_ms(low, x, repeats=args.repeats)
+        print(f"{name:<32} {a:>15.2f} {b:>8.2f} {b / a:>13.2f}x")
 
 
 if __name__ == "__main__":
