@@ -55,7 +55,7 @@ def main() -> None:
             print(f"{name:<32} {label:<6} {a:>8.2f} {m:>8.2f} {a / m:>10.2f}x")
     f32 = lambda x: torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)  # noqa: E731
     low = lambda x: torch.softmax(x, dim=-1)  # noqa: E731
-    print(f"\nbf16 softmax over (B * H, T, T) logits; forward + backward, median ms")
+    print("\nbf16 softmax over (B * H, T, T) logits; forward + backward, median ms")
     print(f"{'shape':<32} {'float32 + casts':>15} {'bf16':>8} {'bf16 / float32':>14}")
     for name, (B, H, T, _) in SHAPES.items():
         x = torch.randn(B * H, T, T).bfloat16()

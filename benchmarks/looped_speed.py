@@ -118,11 +118,11 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
         batches = [sample_mixed(task, 64, 1, 20, g) for _ in range(args.steps)]
         fixed = batches[0]
+        schemes = ("max", "prefix-padded", "prefix")
         with torch.no_grad():
-            loss = {s: float(looped_loss(model, fixed, s)) for s in ("max", "prefix-padded", "prefix")}
+            loss = {s: float(looped_loss(model, fixed, s)) for s in schemes}
         assert abs(loss["prefix-padded"] - loss["max"]) < 1e-4, loss  # the same objective
         flops = sum(step_flops(model, b, "prefix") for b in batches) / len(batches)
-        schemes = ("max", "prefix-padded", "prefix")
         t = time_steps(model, batches, [(prec, s) for prec in ("fp32", "bf16") for s in schemes])
         for precision in ("fp32", "bf16"):
             ms = {s: t[precision, s] * 1e3 for s in schemes}
