@@ -19,7 +19,7 @@ times drift:
    objective needs) / step time / peak matmul FLOP/s. For the max scheme the same
    useful FLOPs are divided by its (longer) step time.
 
-    python benchmarks/looped_speed.py [--steps 10] [--tasks parity,addition] [--token-multiple 64]
+    python benchmarks/looped_speed.py [--steps 10] [--warmup 1] [--tasks parity,addition] [--token-multiple 64]
 
 --token-multiple 1 packs exact token counts instead of rounding them up
 (lengthgen.looped.TOKEN_MULTIPLE), to see what the rounding buys: every fresh
@@ -65,18 +65,21 @@ def build(task_name: str):
     return task, model
 
 
-def time_steps(model, batches, variants) -> dict[tuple[str, str], float]:
+def time_steps(model, warmup, batches, variants) -> dict[tuple[str, str], float]:
     """Median seconds per training step (forward, backward, AdamW) of every
-    (precision, scheme) variant.
+    (precision, scheme) variant over `batches`, after untimed steps on `warmup`.
 
     The variants take turns on every batch (fp32 max, fp32 padded, fp32 prefix,
     bf16 max, ...), so a slow spell of this shared machine hits all of them
     alike instead of whichever ran during it: their ratios are what the
-    benchmark reports."""
+    benchmark reports. More warm-up batches let the prefix scheme meet more of
+    its shapes first (the running rows change every iteration, and a new
+    shape costs oneDNN a new kernel), as a long training run does; ten moved
+    no ratio beyond the machine's noise (docs/benchmarks.md)."""
     opt = torch.optim.AdamW(decay_params(model), lr=1e-4)
     device = torch.device("cpu")
     times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
-    for i, batch in enumerate([batches[0]] + batches):  # the first round warms up
+    for i, batch in enumerate(warmup + batches):
         for precision, scheme in variants:
             start = time.perf_counter()
             with autocast(device, precision):
@@ -84,7 +87,7 @@ def time_steps(model, batches, variants) -> dict[tuple[str, str], float]:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if i:
+            if i >= len(warmup):
                 times[precision, scheme].append(time.perf_counter() - start)
     return {v: sorted(t)[len(t) // 2] for v, t in times.items()}
 
@@ -100,12 +103,15 @@ def step_flops(model, batch, scheme: str) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10, help="timed training steps per variant")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per variant first, on other batches")
     p.add_argument("--tasks", default="parity,addition")
     p.add_argument("--token-multiple", type=int, default=looped.TOKEN_MULTIPLE,
                    help="round packed token counts up to this multiple (1: exact counts)")
     args = p.parse_args()
     if args.token_multiple < 1:
         p.error(f"--token-multiple must be >= 1, got {args.token_multiple}")
+    if args.steps < 1 or args.warmup < 0:
+        p.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     looped.TOKEN_MULTIPLE = args.token_multiple
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch 64, lengths mixed in 1..20, "
           f"packed token counts rounded up to a multiple of {looped.TOKEN_MULTIPLE}")
@@ -117,13 +123,14 @@ def main() -> None:
         task, model = build(name)
         g = torch.Generator().manual_seed(0)
         batches = [sample_mixed(task, 64, 1, 20, g) for _ in range(args.steps)]
+        warmup = [sample_mixed(task, 64, 1, 20, g) for _ in range(args.warmup)]
         fixed = batches[0]
         schemes = ("max", "prefix-padded", "prefix")
         with torch.no_grad():
             loss = {s: float(looped_loss(model, fixed, s)) for s in schemes}
         assert abs(loss["prefix-padded"] - loss["max"]) < 1e-4, loss  # the same objective
         flops = sum(step_flops(model, b, "prefix") for b in batches) / len(batches)
-        t = time_steps(model, batches, [(prec, s) for prec in ("fp32", "bf16") for s in schemes])
+        t = time_steps(model, warmup, batches, [(prec, s) for prec in ("fp32", "bf16") for s in schemes])
         for precision in ("fp32", "bf16"):
             ms = {s: t[precision, s] * 1e3 for s in schemes}
             mfu = {s: flops / t[precision, s] / peak[precision] for s in schemes}
