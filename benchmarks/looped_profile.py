@@ -1,0 +1,83 @@
+"""Where the time of a paper-scale looped training step goes, op by op.
+
+Profiles `--steps` prefix-scheme training steps (forward, backward, AdamW) of
+the benchmark's paper-scale model (benchmarks/looped_speed.py) and prints, per
+aten op, milliseconds per step, share of the step, and GFLOP/s where torch
+counts FLOPs; then the matmuls' throughput inside the step against the same
+matmul shapes timed alone (warm caches), the ceiling on MFU that the step's
+own matmuls set.
+
+    python benchmarks/looped_profile.py [--task addition] [--precision bf16] [--steps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from looped_speed import PAPER, build, matmul_peak
+from lengthgen.looped import looped_loss
+from lengthgen.tasks.base import sample_mixed
+from lengthgen.train import autocast, decay_params
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def alone(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 20) -> float:
+    """FLOP/s of an (m, k) @ (k, n) matmul timed alone, median of `repeats`."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / sorted(times[2:])[repeats // 2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="addition", choices=sorted(PAPER))
+    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    p.add_argument("--steps", type=int, default=3, help="profiled training steps (after 3 untimed ones)")
+    p.add_argument("--rows", type=int, default=15, help="ops to list, most expensive first")
+    args = p.parse_args()
+    if args.steps < 1 or args.rows < 1:
+        p.error(f"--steps and --rows must be >= 1, got {args.steps} and {args.rows}")
+    task, model = build(args.task)
+    g = torch.Generator().manual_seed(0)
+    batches = [sample_mixed(task, 64, 1, 20, g) for _ in range(3 + args.steps)]
+    opt = torch.optim.AdamW(decay_params(model), lr=1e-4)
+
+    def step(batch) -> None:
+        with autocast(torch.device("cpu"), args.precision):
+            loss = looped_loss(model, batch, "prefix")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for batch in batches[:3]:
+        step(batch)
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        for batch in batches[3:]:
+            step(batch)
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in ops) / args.steps / 1e3  # ms per step
+    print(f"{args.task}, {args.precision}, prefix scheme: {total:.0f} ms per step (under the profiler), "
+          f"{torch.get_num_threads()} threads\n\n{'op':<32} {'ms/step':>8} {'share':>6} {'GFLOP/s':>8}")
+    for e in ops[:args.rows]:
+        ms = e.self_cpu_time_total / args.steps / 1e3
+        rate = f"{e.flops / e.self_cpu_time_total / 1e3:8.0f}" if e.flops else f"{'':>8}"
+        print(f"{e.key:<32} {ms:>8.1f} {ms / total:>6.1%} {rate}")
+    mm = [e for e in ops if e.key in ("aten::mm", "aten::addmm")]
+    flops, us = sum(e.flops for e in mm), sum(e.self_cpu_time_total for e in mm)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    width = model.cfg.d_model
+    print(f"\nlinear-layer matmuls inside the step: {flops / us / 1e3:.0f} GFLOP/s; "
+          f"alone, warm caches: {alone(2048, width, 4 * width, dtype) / 1e9:.0f} GFLOP/s at (2048, {width}) @ "
+          f"({width}, {4 * width}), {matmul_peak(dtype) / 1e9:.0f} GFLOP/s at 2048^2")
+
+
+if __name__ == "__main__":
+    main()
