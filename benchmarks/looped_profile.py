@@ -3,9 +3,9 @@
 Profiles `--steps` prefix-scheme training steps (forward, backward, AdamW) of
 the benchmark's paper-scale model (benchmarks/looped_speed.py) and prints, per
 aten op, milliseconds per step, share of the step, and GFLOP/s where torch
-counts FLOPs; then the matmuls' throughput inside the step against the same
-matmul shapes timed alone (warm caches), the ceiling on MFU that the step's
-own matmuls set.
+counts FLOPs; then the linear layers' matmul throughput inside the step against the
+matmul shape timed alone (warm caches, median of 20) and the 2048^2 figure the
+MFU divides by (best of 10): the ceiling on MFU that the step's own matmuls set.
 
     python benchmarks/looped_profile.py [--task addition] [--precision bf16] [--steps 3]
 """
@@ -21,9 +21,6 @@ from looped_speed import PAPER, build, matmul_peak
 from lengthgen.looped import looped_loss
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.train import autocast, decay_params
-
-MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
 
 def alone(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 20) -> float:
     """FLOP/s of an (m, k) @ (k, n) matmul timed alone, median of `repeats`."""
