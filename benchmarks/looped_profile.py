@@ -4,7 +4,7 @@ Profiles `--steps` prefix-scheme training steps (forward, backward, AdamW) of
 the benchmark's paper-scale model (benchmarks/looped_speed.py) and prints, per
 aten op, milliseconds per step, share of the step, and GFLOP/s where torch
 counts FLOPs; then the linear layers' matmul throughput inside the step against the
-matmul shape timed alone (warm caches, median of 20) and the 2048^2 figure the
+same matmul shape timed alone (warm caches, median of 20) and the 2048^2 figure the
 MFU divides by (best of 10): the ceiling on MFU that the step's own matmuls set.
 
     python benchmarks/looped_profile.py [--task addition] [--precision bf16] [--steps 3]
