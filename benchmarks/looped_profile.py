@@ -22,6 +22,7 @@ from lengthgen.looped import looped_loss
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.train import autocast, decay_params
 
+
 def alone(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 20) -> float:
     """FLOP/s of an (m, k) @ (k, n) matmul timed alone, median of `repeats`."""
     a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
