@@ -12,26 +12,13 @@ MFU divides by (best of 10): the ceiling on MFU that the step's own matmuls set.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from looped_speed import PAPER, build, matmul_peak
-from lengthgen.looped import looped_loss
+from looped_speed import PAPER, build, matmul_peak, train_step
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.train import autocast, decay_params
-
-
-def alone(m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 20) -> float:
-    """FLOP/s of an (m, k) @ (k, n) matmul timed alone, median of `repeats`."""
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    times = []
-    for _ in range(repeats + 2):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        times.append(time.perf_counter() - start)
-    return 2 * m * k * n / sorted(times[2:])[repeats // 2]
+from lengthgen.train import decay_params
 
 
 def main() -> None:
@@ -48,18 +35,11 @@ def main() -> None:
     batches = [sample_mixed(task, 64, 1, 20, g) for _ in range(3 + args.steps)]
     opt = torch.optim.AdamW(decay_params(model), lr=1e-4)
 
-    def step(batch) -> None:
-        with autocast(torch.device("cpu"), args.precision):
-            loss = looped_loss(model, batch, "prefix")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
     for batch in batches[:3]:
-        step(batch)
+        train_step(model, opt, batch, "prefix", args.precision)
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         for batch in batches[3:]:
-            step(batch)
+            train_step(model, opt, batch, "prefix", args.precision)
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in ops) / args.steps / 1e3  # ms per step
     print(f"{args.task}, {args.precision}, prefix scheme: {total:.0f} ms per step (under the profiler), "
@@ -72,8 +52,9 @@ def main() -> None:
     flops, us = sum(e.flops for e in mm), sum(e.self_cpu_time_total for e in mm)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     width = model.cfg.d_model
+    alone = matmul_peak(dtype, (2048, width, 4 * width), repeats=20, median=True)  # an MLP matmul's shape
     print(f"\nlinear-layer matmuls inside the step: {flops / us / 1e3:.0f} GFLOP/s; "
-          f"alone, warm caches: {alone(2048, width, 4 * width, dtype) / 1e9:.0f} GFLOP/s at (2048, {width}) @ "
+          f"alone, warm caches: {alone / 1e9:.0f} GFLOP/s at (2048, {width}) @ "
           f"({width}, {4 * width}), {matmul_peak(dtype) / 1e9:.0f} GFLOP/s at 2048^2")
 
 

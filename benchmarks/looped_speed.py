@@ -43,16 +43,19 @@ from lengthgen.train import autocast, decay_params
 PAPER = {"parity": (1, 64), "addition": (3, 8)}  # released block depth, heads
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    """Best FLOP/s of an n x n matmul in `dtype` over `repeats` tries."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+def matmul_peak(dtype: torch.dtype, shape: tuple[int, int, int] = (2048, 2048, 2048), repeats: int = 10,
+                median: bool = False) -> float:
+    """FLOP/s of an (m, k) @ (k, n) matmul in `dtype`, shape = (m, k, n): the
+    best of `repeats` tries, or their median."""
+    m, k, n = shape
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     torch.mm(a, b)
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / (sorted(times)[repeats // 2] if median else min(times))
 
 
 def build(task_name: str):
@@ -63,6 +66,15 @@ def build(task_name: str):
     torch.manual_seed(0)
     model = method.build_model(cfg, task)
     return task, model
+
+
+def train_step(model, opt, batch, scheme: str, precision: str) -> None:
+    """One training step on CPU: forward under autocast, backward, AdamW."""
+    with autocast(torch.device("cpu"), precision):
+        loss = looped_loss(model, batch, scheme)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
 
 
 def time_steps(model, warmup, batches, variants) -> dict[tuple[str, str], float]:
@@ -77,16 +89,11 @@ def time_steps(model, warmup, batches, variants) -> dict[tuple[str, str], float]
     shape costs oneDNN a new kernel), as a long training run does; ten moved
     no ratio beyond the machine's noise (docs/benchmarks.md)."""
     opt = torch.optim.AdamW(decay_params(model), lr=1e-4)
-    device = torch.device("cpu")
     times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
     for i, batch in enumerate(warmup + batches):
         for precision, scheme in variants:
             start = time.perf_counter()
-            with autocast(device, precision):
-                loss = looped_loss(model, batch, scheme)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, batch, scheme, precision)
             if i >= len(warmup):
                 times[precision, scheme].append(time.perf_counter() - start)
     return {v: sorted(t)[len(t) // 2] for v, t in times.items()}
