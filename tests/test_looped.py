@@ -176,7 +176,7 @@ def scripted_case(conf_of):
         for b in range(B):
             c = conf_of[t][b]
             # two live logits: p_max = exp(-c) exactly when the other has 1 - p_max
-            top, other = -c, math.log(max(1 - math.exp(-c), 1e-30))
+            top, other = -c, (math.log(1 - math.exp(-c)) if c > 0 else -1e4)
             table[t, b, :, :] = -1e4
             table[t, b, :, 3 + (t + b) % 2] = top
             table[t, b, :, 4 - (t + b) % 2] = other
@@ -201,6 +201,18 @@ def test_confidence_per_sample_picks_each_argmin():
     assert steps.tolist() == [2, 3, 4]
     for b, t in enumerate(steps.tolist()):
         assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
+
+
+def test_confidence_separates_steps_a_float32_softmax_rounds_to_zero():
+    # leads of 20-35 nats: float32 log_softmax gives exactly 0 for all of them, so a
+    # plain argmin would take the earliest step; the losses still differ and must rank
+    conf = [[1e-9, 0.3, 0.5], [1e-12, 0.2, 0.5], [1e-10, 0.1, 1e-15]]
+    batch, model = scripted_case(conf)
+    assert float(-torch.log_softmax(model.table[0, 0], -1).max(-1).values.max()) == 0.0
+    _, steps = stopping.confidence_per_sample(model, batch, 3)
+    assert steps.tolist() == [2, 3, 3]
+    tr = stopping.trace(model, batch, 3)
+    assert torch.allclose(tr.confidence, torch.tensor(conf, dtype=torch.float64), rtol=1e-3, atol=0)
 
 
 def test_fixed_and_oracle_steps():
@@ -230,7 +242,7 @@ def test_trace_record_and_rule_parsing():
     tr = stopping.trace(model, batch, 4)
     exact, conf = tr.exact, tr.confidence
     assert exact.shape == conf.shape == (4, 3)
-    assert torch.allclose(conf, torch.tensor(CONF), atol=1e-4)
+    assert torch.allclose(conf, torch.tensor(CONF, dtype=torch.float64), atol=1e-4)
     right = model.table.argmax(-1)[:, torch.arange(3)] == batch.targets
     assert torch.equal(exact, (right | ~batch.scored).all(-1))
     assert stopping.parse_rule("fixed:7") == ("fixed", [7])

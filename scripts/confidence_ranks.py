@@ -1,0 +1,30 @@
+"""Why per-sample confidence stopping picks the step it picks, on a looped run.
+
+    python scripts/confidence_ranks.py RUN_DIR [LENGTH ...]
+
+For each length, on the run's own test samples (eval seed, 512 samples): the
+share of samples whose right step T(n) is their most confident one (what
+per-sample stopping needs), the median confidence loss at the right step and at
+iteration 1, and per iteration t <= 2 T(n) how many samples are strictly more
+confident at t than at their right step, and how many of those are wrong at t.
+"""
+import sys
+
+import torch
+
+from lengthgen.evaluate import eval_batches, load_run
+from lengthgen.stopping import trace
+
+folder, lengths = sys.argv[1], [int(n) for n in sys.argv[2:]] or [12, 24]
+cfg, task, method, model, _ = load_run(folder)
+for n in lengths:
+    batch = next(eval_batches(task, n, 512, 512, cfg.eval.seed, torch.device("cpu")))
+    right_step = batch.n_steps.clamp(min=1)  # (B,)
+    tr = trace(model, batch, 2 * int(right_step.max()))
+    at_right = tr.confidence.gather(0, (right_step - 1)[None])[0]  # (B,)
+    beats = tr.confidence < at_right[None]  # (T, B)
+    print(f"length {n}: right step most confident for {(~beats.any(0)).float().mean():.2f} of samples; "
+          f"median loss at the right step {at_right.median():.1e}, at iteration 1 {tr.confidence[0].median():.1e}")
+    print("  t: samples more confident than at their right step (of them wrong at t)")
+    print("  " + " ".join(f"{t + 1}:{int(beats[t].sum())}({int((beats[t] & ~tr.exact[t]).sum())})"
+                          for t in range(len(beats))))
