@@ -25,15 +25,20 @@ from .tasks import Batch
 RULES = ("oracle", "fixed", "confidence", "confidence-per-sample")
 
 
+def confidence_dtype(device: torch.device) -> torch.dtype:
+    """float64, except on MPS, which has none: float32 there, exact to a lead of ~87 nats."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def token_confidence(logits: Tensor) -> Tensor:
-    """(B, L, V) -> (B, L) float64: -log max softmax, >= 0 (0 = certain).
+    """(B, L, V) -> (B, L) in confidence_dtype: -log max softmax, >= 0 (0 = certain).
 
     Computed as log1p(sum over the other tokens of exp(logit - max)), in float64.
     A float32 log_softmax rounds the loss to exactly 0 once the argmax leads by
     about 17 nats: a well-trained model then ties at 0 on several iterations,
-    and the argmin takes the earliest of them, whichever is right. This form
-    stays exact until the lead passes about 700 nats."""
-    x = logits.double()
+    and the argmin takes the earliest of them, right or not. This form stays
+    exact until the lead passes about 700 nats."""
+    x = logits.to(confidence_dtype(logits.device))
     top = x.max(-1, keepdim=True)
     rest = (x - top.values).exp().scatter(-1, top.indices, 0.0)  # the argmax's own term removed
     return torch.log1p(rest.sum(-1))
@@ -109,7 +114,7 @@ def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None 
     B, L = batch.inputs.shape
     (h, e, pos), _ = _start(model, batch)
     scored, width = batch.scored, scored_width(batch)
-    best = torch.full((B,), math.inf, dtype=torch.float64, device=h.device)
+    best = torch.full((B,), math.inf, dtype=confidence_dtype(h.device), device=h.device)
     steps = torch.zeros(B, dtype=torch.long, device=h.device)
     stale = torch.zeros(B, dtype=torch.long, device=h.device)  # iterations since the last improvement
     pred = torch.zeros(B, L, dtype=torch.long, device=h.device)
