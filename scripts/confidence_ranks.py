@@ -12,14 +12,23 @@ import sys
 
 import torch
 
+from lengthgen.errors import UserError
 from lengthgen.evaluate import eval_batches, load_run
+from lengthgen.looped import LoopedTransformer, per_sample_steps
 from lengthgen.stopping import trace
 
-folder, lengths = sys.argv[1], [int(n) for n in sys.argv[2:]] or [12, 24]
-cfg, task, method, model, _ = load_run(folder)
+try:
+    if len(sys.argv) < 2 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[2:]):
+        raise UserError("usage: confidence_ranks.py RUN_DIR [LENGTH ...] (lengths: positive integers)")
+    folder, lengths = sys.argv[1], [int(n) for n in sys.argv[2:]] or [12, 24]
+    cfg, task, method, model, _ = load_run(folder)
+    if not isinstance(model, LoopedTransformer):
+        raise UserError(f"{folder} is a {cfg.method!r} run; confidence ranks need a looped one")
+except UserError as err:
+    sys.exit(f"confidence_ranks: {err}")
 for n in lengths:
     batch = next(eval_batches(task, n, 512, 512, cfg.eval.seed, torch.device("cpu")))
-    right_step = batch.n_steps.clamp(min=1)  # (B,)
+    right_step = per_sample_steps(batch)  # (B,)
     tr = trace(model, batch, 2 * int(right_step.max()))
     at_right = tr.confidence.gather(0, (right_step - 1)[None])[0]  # (B,)
     beats = tr.confidence < at_right[None]  # (T, B)
