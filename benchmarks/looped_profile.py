@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from looped_speed import PAPER, build, matmul_peak, train_step
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.train import decay_params
+from lengthgen.train import decay_params, native_bf16
 
 
 def main() -> None:
@@ -30,6 +30,8 @@ def main() -> None:
     args = p.parse_args()
     if args.steps < 1 or args.rows < 1:
         p.error(f"--steps and --rows must be >= 1, got {args.steps} and {args.rows}")
+    if args.precision == "bf16" and not native_bf16(torch.device("cpu")):
+        p.error("this CPU has no native bf16 (bf16 would profile a reference kernel); use --precision fp32")
     task, model = build(args.task)
     g = torch.Generator().manual_seed(0)
     batches = [sample_mixed(task, 64, 1, 20, g) for _ in range(3 + args.steps)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from .config import Config, from_dict
 from .errors import UserError
 from .methods import Method, get_method, score
 from .tasks import Task, get_task
-from .train import autocast, pick_device
+from .train import autocast, native_bf16, pick_device
 
 COLUMNS = ["run", "task", "method", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
            "stop_step", "train_max", "baseline", "step"]
@@ -137,12 +138,17 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
             raise UserError(str(err)) from None
     stops = stops or [None]
     device = next(model.parameters()).device
+    precision = cfg.train.precision
+    if precision == "bf16" and not native_bf16(device):  # the weights are fp32: evaluate them as they are
+        print(f"note: {folder} trained in bf16; this {device.type} has no native bf16, so it is evaluated in fp32",
+              file=sys.stderr)
+        precision = "fp32"
     seed = cfg.eval.seed if seed is None else seed
     batch_size = batch_size or cfg.eval.batch_size
     rows, steps_rows = [], []
     for length in tqdm(lengths, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
-            with autocast(device, cfg.train.precision):
+            with autocast(device, precision):
                 results, curve = rules_at(task, method, model, length, samples, batch_size, seed, device,
                                           stops, per_step)
         except ValueError as err:  # e.g. a length past the learned position table

@@ -176,6 +176,10 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
             raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")
     out = Path(out or f"runs/reproduce-{paper}-{scale}")
     jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples, extra, threads)
+    from .train import check_precision, pick_device
+    settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
+    for device, precision in settings:  # refuse here once, not in every worker
+        check_precision(pick_device(device), precision)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(methods)} methods x {seeds} seeds) in {out}/runs, "
           f"{workers} worker(s)", file=sys.stderr)

@@ -114,3 +114,12 @@ def test_bad_arguments(experiments, tmp_path):
         rp.reproduce("transformers", out=tmp_path)
     with pytest.raises(UserError, match="unknown scale"):
         rp.reproduce("looped", scale="tpu", out=tmp_path)
+
+
+def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monkeypatch):
+    import lengthgen.train as trainer
+    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)
+    with pytest.raises(UserError, match="native bf16"):
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped", "ntp"], out=tmp_path / "out",
+                     workers=1, progress=False, extra=["train.precision=bf16"])
+    assert not (tmp_path / "out").exists()

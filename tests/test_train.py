@@ -139,3 +139,28 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 300
+
+
+def test_bf16_training_is_refused_where_the_device_lacks_it(tmp_path, monkeypatch):
+    """Without native bf16 (an AVX2-only CPU) bf16 would run hundreds of times
+    slower than fp32: training stops with a one-line error before it writes
+    anything, and evaluating a bf16 run falls back to its fp32 weights."""
+    import lengthgen.evaluate as evaluate
+    import lengthgen.train as trainer
+    cfg = tiny("train.steps=2", "train.precision=bf16")
+    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)
+    with pytest.raises(UserError, match="native bf16.*train.precision=fp32"):
+        train(cfg, tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused").exists()
+
+    monkeypatch.setattr(trainer, "native_bf16", lambda device: True)
+    train(cfg, tmp_path / "run", progress=False)  # two tiny steps: cheap even where bf16 is emulated
+    used = []
+    monkeypatch.setattr(evaluate, "autocast", lambda device, precision: used.append(precision) or torch.autocast(
+        device.type, enabled=False))
+    monkeypatch.setattr(evaluate, "native_bf16", lambda device: False)
+    evaluate.evaluate_run(tmp_path / "run", [3], samples=8, progress=False)
+    assert used == ["fp32"]
+    monkeypatch.setattr(evaluate, "native_bf16", lambda device: True)
+    evaluate.evaluate_run(tmp_path / "run", [3], samples=8, progress=False)
+    assert used == ["fp32", "bf16"]
