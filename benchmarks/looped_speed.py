@@ -18,6 +18,8 @@ times drift:
    FLOPs of one prefix-scheme step (counted by torch's FlopCounterMode: the work the
    objective needs) / step time / peak matmul FLOP/s. For the max scheme the same
    useful FLOPs are divided by its (longer) step time.
+   bf16 is timed only where the CPU has it natively (lengthgen.train.native_bf16):
+   elsewhere it runs a reference kernel hundreds of times slower, and training refuses it.
 
     python benchmarks/looped_speed.py [--steps 10] [--warmup 1] [--tasks parity,addition] [--token-multiple 64]
 
