@@ -129,14 +129,15 @@ def decay_params(model: torch.nn.Module) -> list[dict]:
 def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, progress: bool = True) -> dict:
     """Train the run in `folder`; returns a summary dict. Resumes from the latest checkpoint."""
     folder = Path(folder)
-    check_precision(pick_device(cfg.train.device), cfg.train.precision)  # before the run folder is touched
-    prepare_run_dir(folder, resume, force)
     if resume:  # the run's own config wins: the data stream and schedule depend on it
+        prepare_run_dir(folder, resume, force)  # only checks that there is a checkpoint
         cfg = from_dict(checkpoint.read_state(checkpoint.latest(folder))["config"])
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
     device = pick_device(cfg.train.device)
     check_precision(device, cfg.train.precision)
+    if not resume:  # made only once the device can serve the config
+        prepare_run_dir(folder, resume, force)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
     torch.manual_seed(cfg.train.model_seed)
     model = method.build_model(cfg, task).to(device)
