@@ -1,0 +1,69 @@
+"""The analysis scripts in scripts/ run on real run folders and split their test sets correctly."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lengthgen.cli import main
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+TINY = ["--set=model.d_model=16", "--set=model.n_layer=1", "--set=model.n_head=2", "--set=train.batch_size=8",
+        "--set=train.steps=10", "--set=train.device=cpu", "--no-progress"]
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for name, task, method in [("parity", "parity", "looped"), ("mult", "multiplication", "looped"),
+                               ("mult-ntp", "multiplication", "ntp")]:
+        assert main(["train", *TINY, f"--set=task.name={task}", "--set=task.train_max=4",
+                     f"--set=method={method}", "--out", str(root / name)]) == 0
+    return root
+
+
+@pytest.mark.parametrize("run", ["mult", "mult-ntp"])
+def test_multiplication_by_a_splits_every_sample_into_one_group(runs, run):
+    out = run_script("multiplication_by_a.py", str(runs / run), "3", "5")
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if re.match(r"\s+\d+\s", line)]
+    assert [int(r.split()[0]) for r in rows] == [3, 5]
+    for row in rows:
+        cells = [(float(acc), int(n)) for acc, n in re.findall(r"([\d.]+) \(\s*(\d+)\)", row)]
+        (all_acc, total), groups = cells[0], cells[1:]
+        assert len(groups) == 6  # a = 0, 1, 00, 01, 10, 11: every value occurs among 2048 samples
+        assert sum(n for _, n in groups) == total == 2048
+        # the groups partition the samples, so their weighted accuracy is the overall one
+        assert sum(acc * n for acc, n in groups) / total == pytest.approx(all_acc, abs=2e-3)
+
+
+def test_parity_scripts_run_on_a_looped_parity_run(runs):
+    out = run_script("parity_by_count.py", str(runs / "parity"), "5")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("length 5: accuracy ")
+    out = run_script("confidence_ranks.py", str(runs / "parity"), "3")
+    assert out.returncode == 0, out.stderr
+    share = float(re.search(r"right step most confident for ([\d.]+) of samples", out.stdout).group(1))
+    assert 0 <= share <= 1
+
+
+@pytest.mark.parametrize("script, args, needle", [
+    ("multiplication_by_a.py", ["parity"], "is a 'parity' run"),
+    ("multiplication_by_a.py", ["mult", "x"], "usage: multiplication_by_a.py"),
+    ("multiplication_by_a.py", ["nowhere"], "does not exist"),
+    ("confidence_ranks.py", ["mult-ntp"], "need a looped one"),
+    ("parity_by_count.py", ["mult"], "is a 'multiplication' run"),
+    ("parity_by_count.py", ["parity", "-3"], "usage: parity_by_count.py"),
+])
+def test_scripts_refuse_bad_input_in_one_line(runs, script, args, needle):
+    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "nowhere") else a
+                               for a in args])
+    assert out.returncode != 0
+    assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
