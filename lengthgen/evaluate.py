@@ -20,7 +20,7 @@ from . import checkpoint
 from .config import Config, from_dict
 from .errors import UserError
 from .methods import Method, get_method, score
-from .tasks import Task, get_task
+from .tasks import Batch, Task, get_task
 from .train import autocast, native_bf16, pick_device
 
 COLUMNS = ["run", "task", "method", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
@@ -54,11 +54,19 @@ def eval_generator(seed: int, length: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + length)
 
 
+# Test samples are drawn this many at a time, whatever the evaluation batch size, so that
+# the test set depends only on (seed, length, samples): a smaller --batch-size to save
+# memory must not change the accuracy.
+EVAL_CHUNK = 256
+
+
 def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: int, device: torch.device):
-    """The fixed test set of one length, `samples` samples in batches on `device`."""
+    """The fixed test set of one length, `samples` samples in batches of `batch_size` on `device`."""
     generator = eval_generator(seed, length)
-    for done in range(0, samples, batch_size):
-        yield task.sample(min(batch_size, samples - done), length, generator).to(device)
+    test = Batch.concat([task.sample(min(EVAL_CHUNK, samples - done), length, generator)
+                         for done in range(0, samples, EVAL_CHUNK)])
+    for start in range(0, samples, batch_size):
+        yield test.select(torch.arange(start, min(start + batch_size, samples))).to(device)
 
 
 @torch.no_grad()

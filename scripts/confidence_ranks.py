@@ -2,7 +2,9 @@
 
     python scripts/confidence_ranks.py RUN_DIR [LENGTH ...]
 
-For each length, on the run's own test samples (eval seed, 512 samples): the
+For each length, on 512 samples drawn in one batch from the run's evaluation
+seed (the draw the numbers in docs/results.md were measured on; `lengthgen
+eval` draws its test set 256 at a time, so its samples differ): the
 share of samples whose right step T(n) is their most confident one (what
 per-sample stopping needs), the median confidence loss at the right step and at
 iteration 1, and per iteration t <= 2 T(n) how many samples are strictly more
@@ -13,7 +15,7 @@ import sys
 import torch
 
 from lengthgen.errors import UserError
-from lengthgen.evaluate import eval_batches, load_run
+from lengthgen.evaluate import eval_generator, load_run
 from lengthgen.looped import LoopedTransformer, per_sample_steps
 from lengthgen.stopping import trace
 
@@ -21,13 +23,13 @@ try:
     if len(sys.argv) < 2 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[2:]):
         raise UserError("usage: confidence_ranks.py RUN_DIR [LENGTH ...] (lengths: positive integers)")
     folder, lengths = sys.argv[1], [int(n) for n in sys.argv[2:]] or [12, 24]
-    cfg, task, method, model, _ = load_run(folder)
+    cfg, task, method, model, _ = load_run(folder, torch.device("cpu"))
     if not isinstance(model, LoopedTransformer):
         raise UserError(f"{folder} is a {cfg.method!r} run; confidence ranks need a looped one")
 except UserError as err:
     sys.exit(f"confidence_ranks: {err}")
 for n in lengths:
-    batch = next(eval_batches(task, n, 512, 512, cfg.eval.seed, torch.device("cpu")))
+    batch = task.sample(512, n, eval_generator(cfg.eval.seed, n))
     right_step = per_sample_steps(batch)  # (B,)
     tr = trace(model, batch, 2 * int(right_step.max()))
     at_right = tr.confidence.gather(0, (right_step - 1)[None])[0]  # (B,)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from lengthgen.cli import main
 from lengthgen.tasks import TASKS
@@ -170,3 +171,24 @@ def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     assert main(["train", *TINY, "--out", str(ntp), "--no-progress"]) == 0
     assert main(["eval", str(ntp), "--stop", "oracle", "--no-progress"]) == 2
     assert "looped methods" in capsys.readouterr().err
+
+
+def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):
+    from lengthgen.evaluate import eval_batches
+    from lengthgen.tasks import Batch, get_task
+
+    task = get_task("multiplication")  # widths differ between samples, so batches pad differently
+    sets = [Batch.concat(list(eval_batches(task, 5, 600, bs, 0, torch.device("cpu")))) for bs in (256, 7, 100, 1000)]
+    for other in sets[1:]:
+        assert all(torch.equal(getattr(sets[0], k), getattr(other, k)) for k in ("inputs", "targets", "n_steps"))
+    run = tmp_path / "mult"
+    assert main(["train", *TINY, "--set=task.name=multiplication", "--set=method=looped", "--out", str(run),
+                 "--no-progress"]) == 0
+    accuracies = []
+    for bs in ("7", "256", "1000"):
+        assert main(["eval", str(run), "--lengths", "5", "--samples", "300", "--batch-size", bs, "--no-progress"]) == 0
+        with open(run / "eval.csv") as f:
+            (row,) = list(csv.DictReader(f))
+        accuracies.append((float(row["accuracy"]), float(row["token_accuracy"])))
+    for other in accuracies[1:]:  # the same samples; float sums may only differ in their last bits
+        assert other == pytest.approx(accuracies[0], rel=1e-6)
