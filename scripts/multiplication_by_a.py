@@ -6,8 +6,10 @@ a is written with 1 or 2 bits, so each test set mixes six problems: a = 0 or
 00 (the answer is all zeros), a = 1 or 01 (b reversed), a = 10 (b reversed
 and shifted) and a = 11 (b + 2b, the only one with carries). Split this way,
 the exact match shows which of them a run still solves beyond its training
-lengths. Uses the run's evaluation seed, 2048 samples per length (about 340
-per value of a), the oracle stop for looped runs and greedy decoding for ntp.
+lengths. Uses the run's evaluation seed, 2048 samples per length (the 512 of
+`lengthgen eval`, then more; a quarter of them have 1-bit a = 0, a quarter
+a = 1, an eighth each 2-bit value), the oracle stop for looped runs and greedy
+decoding for ntp.
 """
 import sys
 
