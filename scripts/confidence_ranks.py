@@ -10,24 +10,12 @@ per-sample stopping needs), the median confidence loss at the right step and at
 iteration 1, and per iteration t <= 2 T(n) how many samples are strictly more
 confident at t than at their right step, and how many of those are wrong at t.
 """
-import sys
-
-import torch
-
-from lengthgen.errors import UserError
-from lengthgen.evaluate import eval_generator, load_run
-from lengthgen.looped import LoopedTransformer, per_sample_steps
+from lengthgen.evaluate import eval_generator
+from lengthgen.looped import per_sample_steps
 from lengthgen.stopping import trace
+from run_args import open_run
 
-try:
-    if len(sys.argv) < 2 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[2:]):
-        raise UserError("usage: confidence_ranks.py RUN_DIR [LENGTH ...] (lengths: positive integers)")
-    folder, lengths = sys.argv[1], [int(n) for n in sys.argv[2:]] or [12, 24]
-    cfg, task, method, model, _ = load_run(folder, torch.device("cpu"))
-    if not isinstance(model, LoopedTransformer):
-        raise UserError(f"{folder} is a {cfg.method!r} run; confidence ranks need a looped one")
-except UserError as err:
-    sys.exit(f"confidence_ranks: {err}")
+folder, lengths, cfg, task, method, model = open_run("confidence_ranks", [12, 24], looped=True)
 for n in lengths:
     batch = task.sample(512, n, eval_generator(cfg.eval.seed, n))
     right_step = per_sample_steps(batch)  # (B,)

@@ -11,35 +11,21 @@ lengths. Uses the run's evaluation seed, 2048 samples per length (the 512 of
 a = 1, an eighth each 2-bit value), the oracle stop for looped runs and greedy
 decoding for ntp.
 """
-import sys
-
 import torch
 
-from lengthgen.errors import UserError
-from lengthgen.evaluate import eval_batches, load_run
+from lengthgen.evaluate import eval_batches
+from run_args import open_run, right_answers
 
 A_VALUES = ("0", "1", "00", "01", "10", "11")
 
-try:
-    if len(sys.argv) < 2 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[2:]):
-        raise UserError("usage: multiplication_by_a.py RUN_DIR [LENGTH ...] (lengths: positive integers)")
-    folder, lengths = sys.argv[1], [int(n) for n in sys.argv[2:]] or [8, 12, 16]
-    cfg, task, method, model, _ = load_run(folder, torch.device("cpu"))
-    if task.name != "multiplication":
-        raise UserError(f"{folder} is a {task.name!r} run; this split needs a multiplication one")
-except UserError as err:
-    sys.exit(f"multiplication_by_a: {err}")
-
+folder, lengths, cfg, task, method, model = open_run("multiplication_by_a", [8, 12, 16], task="multiplication")
 star = task.token_id("*")
 print(f"{folder} ({cfg.method})")
 print("exact match (samples) at each length: all, then by the value of a as written")
 print("length  all          " + "  ".join(f"{'a=' + a:<11}" for a in A_VALUES))
 for n in lengths:
     batch = next(eval_batches(task, n, 2048, 2048, cfg.eval.seed, torch.device("cpu")))
-    with torch.no_grad():
-        pred = method.predict_stop(model, batch, "oracle")[0] if hasattr(method, "predict_stop") \
-            else method.predict(model, batch)
-    right = ((pred == batch.targets) | ~batch.scored).all(1)
+    right = right_answers(method, model, batch)
     a_len = (batch.inputs == star).int().argmax(1)  # a's bits come before '*'
     a_text = ["".join(task.vocab[t] for t in row[:k].tolist()) for row, k in zip(batch.inputs, a_len)]
     cells = []

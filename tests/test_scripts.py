@@ -58,7 +58,7 @@ def test_parity_scripts_run_on_a_looped_parity_run(runs):
     ("multiplication_by_a.py", ["parity"], "is a 'parity' run"),
     ("multiplication_by_a.py", ["mult", "x"], "usage: multiplication_by_a.py"),
     ("multiplication_by_a.py", ["nowhere"], "does not exist"),
-    ("confidence_ranks.py", ["mult-ntp"], "need a looped one"),
+    ("confidence_ranks.py", ["mult-ntp"], "confidence_ranks needs a looped one"),
     ("parity_by_count.py", ["mult"], "is a 'multiplication' run"),
     ("parity_by_count.py", ["parity", "-3"], "usage: parity_by_count.py"),
 ])

@@ -1,0 +1,33 @@
+"""What the analysis scripts here share: `SCRIPT RUN_DIR [LENGTH ...]` read into a loaded run."""
+import sys
+
+import torch
+
+from lengthgen.errors import UserError
+from lengthgen.evaluate import load_run
+
+
+def open_run(script: str, default_lengths: list[int], task: str | None = None, looped: bool = False):
+    """(folder, lengths, cfg, task, method, model), the model on the CPU; a one-line error and a
+    non-zero exit on bad arguments, a missing or corrupt run, or a run of the wrong task or method."""
+    try:
+        args = sys.argv[1:]
+        if not args or not all(a.isdigit() and int(a) > 0 for a in args[1:]):
+            raise UserError(f"usage: {script}.py RUN_DIR [LENGTH ...] (lengths: positive integers)")
+        folder, lengths = args[0], [int(n) for n in args[1:]] or default_lengths
+        cfg, run_task, method, model, _ = load_run(folder, torch.device("cpu"))
+        if task and run_task.name != task:
+            raise UserError(f"{folder} is a {run_task.name!r} run; {script} needs a {task} one")
+        if looped and not hasattr(method, "predict_stop"):
+            raise UserError(f"{folder} is a {cfg.method!r} run; {script} needs a looped one")
+    except UserError as err:
+        sys.exit(f"{script}: {err}")
+    return folder, lengths, cfg, run_task, method, model
+
+
+@torch.no_grad()
+def right_answers(method, model, batch) -> torch.Tensor:
+    """(B,) bool: whole-answer exact match, oracle stop for looped methods, greedy decoding otherwise."""
+    pred = method.predict_stop(model, batch, "oracle")[0] if hasattr(method, "predict_stop") \
+        else method.predict(model, batch)
+    return ((pred == batch.targets) | ~batch.scored).all(1)
