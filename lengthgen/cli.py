@@ -47,6 +47,8 @@ def cmd_eval(args) -> None:
 
     if args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.lengths is None:
         args.lengths = load_run(args.run)[0].eval.lengths
     stops = args.stop.split(",") if args.stop else None

@@ -43,6 +43,7 @@ def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     (["train", "--set=model.n_head=3"], "model.n_head"),
     (["train", "--set=task.name=sorting"], "task.name"),
     (["eval", "no/such/run"], "does not exist"),
+    (["eval", "no/such/run", "--batch-size", "-5"], "--batch-size must be >= 1"),  # not an accuracy of 0
     (["report", "no/such/dir"], "does not exist"),
     (["reproduce", "looped", "--threads", "-1", "--out", "no/such/out"], "--threads >= 0"),
 ])
