@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lengthgen: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print("lengthgen: interrupted (a training run continues with --resume)", file=sys.stderr)
+        print("lengthgen: interrupted (a training run continues with --resume, a reproduction when run again)",
+              file=sys.stderr)
         return 130
     return 0
 

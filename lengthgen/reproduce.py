@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,6 +159,10 @@ def run_job(job: Job) -> dict:
                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] | None = None,
               methods: list[str] | None = None, out: Path | None = None, workers: int = 2,
               samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0) -> Path:
@@ -185,13 +190,21 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
           f"{workers} worker(s)", file=sys.stderr)
     results, start = [], time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(run_job, job) for job in jobs]
-        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs", disable=not progress):
-            res = fut.result()
+    pool = context.Pool(workers)
+    # Interrupted (Ctrl-C, or SIGTERM from a scheduler), the workers stop with this process:
+    # left running, they would keep writing run folders that a rerun of the command resumes.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    try:
+        for res in tqdm(pool.imap_unordered(run_job, jobs), total=len(jobs), desc="runs", disable=not progress):
             results.append(res)
             if not res["ok"]:
                 tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
+    finally:
+        pool.terminate()  # at once: the finished runs are on disk, an unfinished one resumes next time
+        pool.join()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     failed = [r for r in results if not r["ok"]]
     (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
     write_timing(out / "timing.csv", results)

@@ -3,6 +3,11 @@ reporting failed ones without stopping the others."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +128,51 @@ def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monke
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped", "ntp"], out=tmp_path / "out",
                      workers=1, progress=False, extra=["train.precision=bf16"])
     assert not (tmp_path / "out").exists()
+
+
+def _children(pid: int) -> set[int]:
+    """Live child processes of `pid` (Linux /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_terminated_reproduction_stops_its_workers(experiments, tmp_path):
+    (experiments / "looped" / "cpu" / "parity.toml").write_text(
+        PRESET.format(task="parity", model_extra="", lengths="2").replace("steps = 30", "steps = 1000000"))
+    out = tmp_path / "out"
+    driver = ("import sys; from pathlib import Path; from lengthgen import reproduce as rp; "
+              "rp.ROOT = Path(sys.argv[1]); rp.reproduce('looped', 'cpu', seeds=1, tasks=['parity'], "
+              "methods=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", driver, str(experiments), str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    runs = [out / "runs" / f"parity-{m}-s0" / "metrics.jsonl" for m in ("looped", "ntp")]
+    deadline = time.monotonic() + 120
+    while not all(r.is_file() for r in runs):  # both workers are training
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.2)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # do not leave them training for a million steps
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "workers outlived the reproduction"
