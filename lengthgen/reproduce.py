@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,6 +164,15 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes; shutdown() alone would wait for their runs."""
+    if hasattr(pool, "terminate_workers"):  # Python 3.14+
+        pool.terminate_workers()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+
+
 def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] | None = None,
               methods: list[str] | None = None, out: Path | None = None, workers: int = 2,
               samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0) -> Path:
@@ -190,19 +200,23 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
           f"{workers} worker(s)", file=sys.stderr)
     results, start = [], time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
-    pool = context.Pool(workers)
     # Interrupted (Ctrl-C, or SIGTERM from a scheduler), the workers stop with this process:
     # left running, they would keep writing run folders that a rerun of the command resumes.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
-        for res in tqdm(pool.imap_unordered(run_job, jobs), total=len(jobs), desc="runs", disable=not progress):
+        futures = [pool.submit(run_job, job) for job in jobs]
+        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs", disable=not progress):
+            res = fut.result()
             results.append(res)
             if not res["ok"]:
                 tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
+    except BaseException:
+        _stop_workers(pool)  # at once: finished runs are on disk, an unfinished one resumes next time
+        raise
     finally:
-        pool.terminate()  # at once: the finished runs are on disk, an unfinished one resumes next time
-        pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
     failed = [r for r in results if not r["ok"]]
