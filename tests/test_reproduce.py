@@ -158,21 +158,26 @@ def test_terminated_reproduction_stops_its_workers(experiments, tmp_path):
     driver = ("import sys; from pathlib import Path; from lengthgen import reproduce as rp; "
               "rp.ROOT = Path(sys.argv[1]); rp.reproduce('looped', 'cpu', seeds=1, tasks=['parity'], "
               "methods=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False)")
-    proc = subprocess.Popen([sys.executable, "-c", driver, str(experiments), str(out)],
+    proc = subprocess.Popen([sys.executable, "-c", driver, str(experiments), str(out)], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    runs = [out / "runs" / f"parity-{m}-s0" / "metrics.jsonl" for m in ("looped", "ntp")]
-    deadline = time.monotonic() + 120
-    while not all(r.is_file() for r in runs):  # both workers are training
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
-        time.sleep(0.2)
-    workers = _children(proc.pid)
-    assert len(workers) >= 2
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) != 0
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [pid for pid in workers if _alive(pid)]
-    for pid in left:  # do not leave them training for a million steps
-        os.kill(pid, signal.SIGKILL)
-    assert not left, "workers outlived the reproduction"
+    try:
+        runs = [out / "runs" / f"parity-{m}-s0" / "metrics.jsonl" for m in ("looped", "ntp")]
+        deadline = time.monotonic() + 120
+        while not all(r.is_file() for r in runs):  # both workers are training
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                proc.stderr.read() if proc.poll() is not None else "workers did not start"
+            time.sleep(0.2)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers), "workers outlived the reproduction"
+    finally:  # whatever failed, leave nothing training for a million steps
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
