@@ -164,6 +164,17 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _exit_with(parent: int) -> None:
+    """Worker initializer: end this worker once `parent` is gone, even if it was killed
+    outright (SIGKILL runs no handler). An orphan is re-parented, so its parent id changes."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)  # a run's checkpoints are written atomically; a rerun resumes from the last
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
     """Terminate the pool's worker processes; shutdown() alone would wait for their runs."""
     if hasattr(pool, "terminate_workers"):  # Python 3.14+
@@ -204,7 +215,8 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
     # left running, they would keep writing run folders that a rerun of the command resumes.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_exit_with,
+                               initargs=(os.getpid(),))
     try:
         futures = [pool.submit(run_job, job) for job in jobs]
         for fut in tqdm(as_completed(futures), total=len(futures), desc="runs", disable=not progress):

@@ -151,7 +151,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
-def test_terminated_reproduction_stops_its_workers(experiments, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):
+    # SIGTERM is handled (the pool is terminated); SIGKILL is not, so each worker watches its parent
     (experiments / "looped" / "cpu" / "parity.toml").write_text(
         PRESET.format(task="parity", model_extra="", lengths="2").replace("steps = 30", "steps = 1000000"))
     out = tmp_path / "out"
@@ -169,7 +171,7 @@ def test_terminated_reproduction_stops_its_workers(experiments, tmp_path):
             time.sleep(0.2)
         workers = _children(proc.pid)
         assert len(workers) >= 2
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         assert proc.wait(timeout=60) != 0
         deadline = time.monotonic() + 30
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
