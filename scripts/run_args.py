@@ -26,8 +26,14 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
 
 
 @torch.no_grad()
-def right_answers(method, model, batch) -> torch.Tensor:
-    """(B,) bool: whole-answer exact match, oracle stop for looped methods, greedy decoding otherwise."""
-    pred = method.predict_stop(model, batch, "oracle")[0] if hasattr(method, "predict_stop") \
+def predictions(method, model, batch) -> torch.Tensor:
+    """(B, L) predicted tokens aligned with batch.targets: oracle stop for looped methods,
+    greedy decoding otherwise."""
+    return method.predict_stop(model, batch, "oracle")[0] if hasattr(method, "predict_stop") \
         else method.predict(model, batch)
+
+
+def right_answers(method, model, batch, pred: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) bool: whole-answer exact match of `pred` (default: `predictions`)."""
+    pred = predictions(method, model, batch) if pred is None else pred
     return ((pred == batch.targets) | ~batch.scored).all(1)

@@ -22,9 +22,10 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    for name, task, method in [("parity", "parity", "looped"), ("mult", "multiplication", "looped"),
-                               ("mult-ntp", "multiplication", "ntp")]:
-        assert main(["train", *TINY, f"--set=task.name={task}", "--set=task.train_max=4",
+    learn = ["--set=train.steps=300", "--set=train.lr=3e-3"]  # far enough from 0 and 1 for answer_positions
+    for name, task, method, extra in [("parity", "parity", "looped", learn), ("mult", "multiplication", "looped", []),
+                                      ("mult-ntp", "multiplication", "ntp", []), ("add", "addition", "looped", learn)]:
+        assert main(["train", *TINY, *extra, f"--set=task.name={task}", "--set=task.train_max=4",
                      f"--set=method={method}", "--out", str(root / name)]) == 0
     return root
 
@@ -54,6 +55,25 @@ def test_parity_scripts_run_on_a_looped_parity_run(runs):
     assert 0 <= share <= 1
 
 
+def answer_position_rows(run: Path, *lengths: str) -> list[tuple[int, float, list[float]]]:
+    out = run_script("answer_positions.py", str(run), *lengths)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if re.match(r"\s+\d+\s", line)]
+    return [(int(r[0]), float(r[1]), [float(a) for a in r[2:]]) for r in rows]
+
+
+def test_answer_positions_cover_the_answer_and_bound_the_exact_match(runs):
+    rows = answer_position_rows(runs / "add", "3", "5")
+    assert [n for n, _, _ in rows] == [3, 5]
+    for n, exact, accs in rows:
+        assert 0.02 < exact < 0.98  # a partly trained run, so the bounds below can fail
+        assert len(accs) == n + 1  # the (n + 1)-bit sum
+        assert exact <= min(accs) + 0.005  # an exact answer is right at every position
+        assert 1 - exact <= sum(1 - a for a in accs) + 0.005  # a wrong one is wrong at one position at least
+    [(n, exact, accs)] = answer_position_rows(runs / "parity", "4")
+    assert accs == [pytest.approx(exact, abs=0.005)]  # one answer token: its accuracy is the exact match
+
+
 @pytest.mark.parametrize("script, args, needle", [
     ("multiplication_by_a.py", ["parity"], "is a 'parity' run"),
     ("multiplication_by_a.py", ["mult", "x"], "usage: multiplication_by_a.py"),
@@ -61,6 +81,8 @@ def test_parity_scripts_run_on_a_looped_parity_run(runs):
     ("confidence_ranks.py", ["mult-ntp"], "confidence_ranks needs a looped one"),
     ("parity_by_count.py", ["mult"], "is a 'multiplication' run"),
     ("parity_by_count.py", ["parity", "-3"], "usage: parity_by_count.py"),
+    ("answer_positions.py", ["nowhere"], "does not exist"),
+    ("answer_positions.py", ["add", "0"], "usage: answer_positions.py"),
 ])
 def test_scripts_refuse_bad_input_in_one_line(runs, script, args, needle):
     out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "nowhere") else a
