@@ -145,7 +145,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     tr = cfg.train
     optimizer = torch.optim.AdamW(decay_params(model), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
     data = torch.Generator().manual_seed(tr.data_seed)
-    step = 0
+    step, trained_seconds = 0, 0.0
     metrics_path = folder / "metrics.jsonl"
     if resume:
         path = checkpoint.latest(folder)
@@ -157,7 +157,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         data.set_state(checkpoint.decode_state(state["data_rng"]))
         torch.set_rng_state(checkpoint.decode_state(state["torch_rng"]))
         step = state["step"]
-        _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
+        trained_seconds = _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
     else:
         (folder / "config.toml").write_text(to_toml(cfg))
 
@@ -170,7 +170,9 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     bar = tqdm(total=tr.steps, initial=step, disable=not progress, dynamic_ncols=True, mininterval=1.0)
     loss_sum = torch.zeros((), device=device)
     finite = torch.ones((), dtype=torch.bool, device=device)
-    window_start, window_steps, window_samples, start_time = time.perf_counter(), 0, 0, time.perf_counter()
+    # "time" in metrics.jsonl counts training seconds across resumes, not the time the run was stopped
+    window_start, window_steps, window_samples = time.perf_counter(), 0, 0
+    start_time = window_start - trained_seconds
     with metrics_path.open("a") as log:
         while step < tr.steps:
             high = curriculum_max(cfg, step)
@@ -217,11 +219,14 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     return {"step": step, "folder": str(folder), "device": str(device)}
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
+def _truncate_metrics(path: Path, step: int) -> float:
+    """Drop the lines after `step`; returns the training seconds of the last line kept."""
     if not path.exists():
-        return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    checkpoint.write_atomic(path, "".join(ln + "\n" for ln in lines))
+        return 0.0
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    rows = [row for row in rows if row["step"] <= step]
+    checkpoint.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+    return float(rows[-1].get("time", 0.0)) if rows else 0.0
 
 
 def is_finished(folder: Path) -> bool:

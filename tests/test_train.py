@@ -137,8 +137,10 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
     a = load_file(whole / "checkpoints" / "step_00000300" / "model.safetensors")
     b = load_file(killed / "checkpoints" / "step_00000300" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    steps, seconds = [r["step"] for r in rows], [r["time"] for r in rows]
     assert steps == sorted(set(steps)) and steps[-1] == 300
+    assert seconds == sorted(seconds)  # training time goes on from the checkpoint's, it does not restart at 0
 
 
 def test_bf16_training_is_refused_where_the_device_lacks_it(tmp_path, monkeypatch):
