@@ -13,7 +13,7 @@ the last the sum of the two lowest bits, which needs no carry at all.
 import torch
 
 from lengthgen.evaluate import eval_batches
-from run_args import open_run, right_answers, predictions
+from run_args import open_run, predictions, right_answers
 
 SAMPLES = 2048
 
