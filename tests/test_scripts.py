@@ -85,7 +85,7 @@ def test_answer_positions_cover_the_answer_and_bound_the_exact_match(runs):
     ("answer_positions.py", ["add", "0"], "usage: answer_positions.py"),
 ])
 def test_scripts_refuse_bad_input_in_one_line(runs, script, args, needle):
-    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "nowhere") else a
+    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "add", "nowhere") else a
                                for a in args])
     assert out.returncode != 0
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
