@@ -5,6 +5,7 @@ import torch
 
 from lengthgen.errors import UserError
 from lengthgen.evaluate import load_run
+from lengthgen.methods import score
 
 
 def open_run(script: str, default_lengths: list[int], task: str | None = None, looped: bool = False):
@@ -35,5 +36,4 @@ def predictions(method, model, batch) -> torch.Tensor:
 
 def right_answers(method, model, batch, pred: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) bool: whole-answer exact match of `pred` (default: `predictions`)."""
-    pred = predictions(method, model, batch) if pred is None else pred
-    return ((pred == batch.targets) | ~batch.scored).all(1)
+    return score(predictions(method, model, batch) if pred is None else pred, batch)[0]
