@@ -194,6 +194,16 @@ class Task:
             return length.clone(), int(length.max())
         return torch.full((batch_size,), length), length
 
+    def random_bits(self, batch_size: int, length: int | Tensor,
+                    generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Validated per-sample lengths n (B,) and uniform random bits (B, max n),
+        zero past n[b] so that row-wise sums count only a row's own bits."""
+        n, width = self.lengths_of(batch_size, length)
+        bits = torch.randint(0, 2, (batch_size, width), generator=generator)
+        if isinstance(length, Tensor):
+            bits.masked_fill_(~prefix_mask(n, width), 0)
+        return n, bits
+
     def decode(self, ids) -> str:
         return self.sep.join(self.vocab[int(t)] for t in ids)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with, prefix_mask
+from .base import Batch, Task, assemble, end_with
 
 
 class BinarySum(Task):
@@ -23,14 +23,11 @@ class BinarySum(Task):
     example = "10111= -> 001"
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
-        n, width = self.lengths_of(batch_size, length)
-        bits = torch.randint(0, 2, (batch_size, width), generator=generator)  # (B, max n)
-        if isinstance(length, Tensor):
-            bits.masked_fill_(~prefix_mask(n, width), 0)  # row b has n[b] bits
+        n, bits = self.random_bits(batch_size, length, generator)  # (B,), (B, max n)
         zero, equals = self.token_id("0"), self.token_id("=")
         question = end_with(bits + zero, n, equals)
         count = bits.sum(1, keepdim=True)  # (B, 1)
-        shifted = count >> torch.arange(width.bit_length())  # (B, K): count >> k
+        shifted = count >> torch.arange(bits.shape[1].bit_length())  # (B, K): count >> k
         answer = (shifted & 1) + zero  # LSB first
         answer_len = (shifted > 0).sum(1).clamp(min=1)  # bit length, "0" for zero
         return assemble(question, n + 1, answer, answer_len, lengths=n, n_steps=n.clone())

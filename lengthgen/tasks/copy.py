@@ -20,8 +20,7 @@ class Copy(Task):
     example = "0110= -> 0110"
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
-        n, width = self.lengths_of(batch_size, length)
-        bits = torch.randint(0, 2, (batch_size, width), generator=generator)  # (B, max n)
+        n, bits = self.random_bits(batch_size, length, generator)  # (B,), (B, max n)
         zero, equals = self.token_id("0"), self.token_id("=")
         tokens = bits + zero  # row b uses its first n[b] bits; assemble reads no further
         return assemble(end_with(tokens, n, equals), n + 1, tokens, n.clone(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with, prefix_mask
+from .base import Batch, Task, assemble, end_with
 
 
 class Parity(Task):
@@ -20,10 +20,7 @@ class Parity(Task):
     example = "10110= -> 1"
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
-        n, width = self.lengths_of(batch_size, length)
-        bits = torch.randint(0, 2, (batch_size, width), generator=generator)  # (B, max n)
-        if isinstance(length, Tensor):
-            bits.masked_fill_(~prefix_mask(n, width), 0)  # row b has n[b] bits
+        n, bits = self.random_bits(batch_size, length, generator)  # (B,), (B, max n)
         zero, equals = self.token_id("0"), self.token_id("=")
         question = end_with(bits + zero, n, equals)
         answer = (bits.sum(1, keepdim=True) % 2) + zero  # (B, 1)
