@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .config import Config
 from .model import Transformer
-from .looped import LoopedTransformer, oracle_logits
+from .looped import LoopedTransformer, looped_loss, oracle_logits
 from .tasks import BLANK, IGNORE, PAD, Batch, Task
 
 
@@ -69,6 +69,9 @@ class Looped(Method):
 
     def logits(self, model, batch):  # each sample after its own T(n) iterations
         return oracle_logits(model, batch, self.loss_scheme)
+
+    def loss(self, model, batch):  # the same value as Method.loss, without padding the logits
+        return looped_loss(model, batch, self.loss_scheme)
 
     def predict_stop(self, model, batch: Batch, rule: str = "oracle") -> tuple[Tensor, Tensor]:
         """(pred (B, L), read-out step (B,)) under a stop rule, see lengthgen.stopping."""
