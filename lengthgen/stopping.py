@@ -37,11 +37,13 @@ def token_confidence(logits: Tensor) -> Tensor:
     A float32 log_softmax rounds the loss to exactly 0 once the argmax leads by
     about 17 nats: a well-trained model then ties at 0 on several iterations,
     and the argmin takes the earliest of them, right or not. This form stays
-    exact until the lead passes about 700 nats."""
+    exact until the lead passes about 700 nats. Non-finite logits (a broken
+    model) give +inf, the least confident value, so every rule and `readout`
+    treat them alike."""
     x = logits.to(confidence_dtype(logits.device))
     top = x.max(-1, keepdim=True)
     rest = (x - top.values).exp().scatter(-1, top.indices, 0.0)  # the argmax's own term removed
-    return torch.log1p(rest.sum(-1))
+    return torch.log1p(rest.sum(-1)).nan_to_num(nan=math.inf)
 
 
 def _confidences(logits: Tensor, scored: Tensor) -> tuple[Tensor, float]:
@@ -90,7 +92,7 @@ def confidence(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
         h = model.step(h, e, pos)
         logits = model.read(h)  # (B, w, V)
         conf = _confidences(logits, scored)[1]
-        if conf < best:
+        if conf < best or pred is None:  # ties keep the earliest step, as in `readout`
             best, pred, best_t = conf, logits.argmax(-1), t
     pred = _full(pred, batch.inputs.shape[1])
     return pred, torch.full((len(batch),), best_t, dtype=torch.long, device=pred.device)
@@ -128,7 +130,7 @@ def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None 
         logits = model.read(h)  # (k, w, V)
         sc = scored[active, :w]
         conf = (token_confidence(logits) * sc).sum(1) / sc.sum(1).clamp(min=1)  # (k,)
-        better = conf < best[active]
+        better = (conf < best[active]) | (steps[active] == 0)  # step 1 stands until beaten
         idx = active[better]
         best[idx], steps[idx] = conf[better], t
         pred[idx, :w] = logits[better].argmax(-1)
