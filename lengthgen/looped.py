@@ -92,7 +92,7 @@ class LoopedTransformer(Transformer):
     def flops_per_token(self, seq_len: int, n_steps: int = 1) -> int:
         """Forward + backward FLOPs per token of `n_steps` iterations: the block
         part of the plain count is paid once per iteration, lm_head once."""
-        head = 6 * self.vocab_size * self.cfg.d_model  # the tied lm_head matmul
+        head = 6 * self.vocab_size * self.cfg.d_model  # the lm_head matmul, tied or not
         return n_steps * (super().flops_per_token(seq_len) - head) + head
 
 

@@ -125,12 +125,14 @@ class Transformer(nn.Module):
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Unique parameters (the tied embedding counts once). non_embedding
-        drops the scheme's parameters that are only looked up (a learned
-        position table), the convention for FLOP estimates; the token table
-        stays because, tied, it is also the lm_head matmul."""
+        drops the tables that are only looked up (a learned position table; the
+        token table when untied), the convention for FLOP estimates; a tied
+        token table stays because it is also the lm_head matmul."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= sum(m.weight.numel() for m in self.scheme.modules() if isinstance(m, nn.Embedding))
+            if self.lm_head.weight is not self.wte.weight:
+                n -= self.wte.weight.numel()
         return n
 
     def flops_per_token(self, seq_len: int) -> int:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from lengthgen.attention import CausalSelfAttention, math_causal_attention
 from lengthgen.config import ModelConfig
+from lengthgen.looped import LoopedTransformer
 from lengthgen.model import Transformer
 from lengthgen.positions import SCHEMES, ALiBi, PositionalScheme, build_scheme
 
@@ -251,6 +252,14 @@ def test_param_count_init_and_tying():
     assert abs(proj.std().item() - 0.02 / math.sqrt(2 * L)) < 0.1 * 0.02 / math.sqrt(2 * L)
     assert abs(m.blocks[0].mlp.c_fc.weight.std().item() - 0.02) < 0.002
     assert all((b.attn.c_attn.bias == 0).all() for b in m.blocks)
+
+
+def test_flops_count_an_untied_token_table_as_a_lookup():
+    """Untying adds a (V, D) table that is only looked up: the matmul FLOPs stay those of the tied model."""
+    tied, untied = (cfg("nope", d_model=64, n_layer=2, n_head=4, tie_embeddings=t) for t in (True, False))
+    assert Transformer(untied, V).flops_per_token(32) == Transformer(tied, V).flops_per_token(32)
+    assert LoopedTransformer(untied, V).flops_per_token(32, n_steps=10) == \
+        LoopedTransformer(tied, V).flops_per_token(32, n_steps=10)
 
 
 def test_torch_init_and_untied_head():
