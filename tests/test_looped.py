@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import config, stopping
+from lengthgen import config, methods, stopping
 from lengthgen.attention import Packed
 from lengthgen.looped import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.positions import SCHEMES
@@ -47,6 +47,19 @@ def test_injection_changes_later_iterations_only():
     assert not torch.allclose(with_inj(x, n_steps=3), without(x, n_steps=3), atol=1e-3)
     steps = list(with_inj.iterate(x, None, 3))
     assert torch.allclose(steps[-1], with_inj(x, n_steps=3), atol=1e-6)
+
+
+def test_training_loss_is_the_benchmarked_packed_path(monkeypatch):
+    """benchmarks/looped_speed.py times looped_loss; training must run it too,
+    not the (B, L, V) logits that evaluation pads for its stop rules."""
+    model, batch = tiny(), mixed_batch()
+    expected = looped_loss(model, batch)
+
+    def padded_logits(*args, **kwargs):
+        raise AssertionError("training padded the logits")
+    monkeypatch.setattr(methods, "oracle_logits", padded_logits)
+    for name in ("looped", "looped-wo-injection"):
+        assert torch.equal(get_method(name).loss(model, batch), expected)
 
 
 @pytest.mark.parametrize("position", sorted(SCHEMES))
@@ -359,3 +372,16 @@ def test_rules_on_a_real_model_agree_with_the_per_step_record():
         assert pred.shape == batch.inputs.shape and steps.shape == (len(batch),)
     pred, steps = method.predict_stop(model, batch, "fixed:4")
     assert torch.equal(exact[3], ((pred == batch.targets) | ~batch.scored).all(1))
+
+
+def test_a_model_with_nan_logits_stops_at_step_1_under_every_rule():
+    """A broken model must not crash the rules, and the one-pass readout must agree with them."""
+    model, batch = tiny().eval(), mixed_batch()
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] = float("nan")
+    tr = stopping.trace(model, batch, 16)
+    for rule in ("confidence", "confidence-per-sample", "confidence-per-sample:16:2"):
+        _, steps = stopping.predict_stop(model, batch, rule)
+        assert steps.tolist() == [1] * len(batch), rule
+        read = stopping.readout(tr, batch, rule)
+        assert read is None or torch.equal(read[2], steps), rule
