@@ -5,17 +5,22 @@ Layout inside a run folder:
     checkpoints/step_00000500/model.safetensors   weights of the (unwrapped) model
     checkpoints/step_00000500/ema.safetensors     EMA weights, when train.ema > 0
     checkpoints/step_00000500/optimizer.pt        optimizer state (tensors and numbers only)
-    checkpoints/step_00000500/state.json          config, step, RNG states
+    checkpoints/step_00000500/state.json          config, step, RNG states, sha256 of the other files
     checkpoints/latest                            name of the newest complete checkpoint
 
 A checkpoint is written into a hidden temporary folder and renamed into place,
 then `latest` is replaced atomically, so a run killed at any moment leaves the
 previous checkpoint intact. Loading never unpickles code: safetensors holds
-only tensors and the optimizer file is read with `weights_only=True`.
+only tensors and the optimizer file is read with `weights_only=True`. Loading
+checks state.json's keys and types and each file against its recorded sha256
+(a flipped byte in a weight file is still a valid file), so a damaged
+checkpoint is a one-line UserError, never a traceback or silently wrong weights.
+Checkpoints written before the digests were recorded load unchecked.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -25,9 +30,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from .errors import UserError
+from .config import from_dict
+from .errors import ConfigError, UserError
 
 LATEST = "latest"
+# state.json's keys: (Python type, JSON type, required); checkpoints before digests have no "sha256"
+STATE_KEYS = {"config": (dict, "object", True), "step": (int, "integer", True), "data_rng": (str, "string", True),
+              "torch_rng": (str, "string", True), "finished": (bool, "boolean", False),
+              "sha256": (dict, "object", False)}
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -41,7 +51,24 @@ def encode_state(state: torch.Tensor) -> str:
 
 
 def decode_state(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+
+
+def restore_rng(path: Path, state: dict, data: torch.Generator) -> None:
+    """Set the data stream's and torch's RNG to checkpoint `path`'s."""
+    for key, set_state in (("data_rng", data.set_state), ("torch_rng", torch.set_rng_state)):
+        try:
+            set_state(decode_state(state[key]))
+        except (ValueError, RuntimeError) as err:  # bad base64, or not a generator state of the right size
+            raise UserError(f"checkpoint {path / 'state.json'} has a corrupt {key}: "
+                            f"{str(err).splitlines()[0]}") from None
+
+
+def sha256(file: Path) -> str:
+    try:
+        return hashlib.sha256(file.read_bytes()).hexdigest()
+    except OSError as err:
+        raise UserError(f"checkpoint file {file} cannot be read: {err.strerror}") from None
 
 
 def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int = 1) -> Path:
@@ -56,7 +83,8 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
     if ema is not None:
         save_model(ema, str(tmp / "ema.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1))
+    digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "sha256": digests}, indent=1))
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -78,13 +106,45 @@ def latest(folder: Path) -> Path | None:
 
 
 def read_state(path: Path) -> dict:
+    """state.json of checkpoint `path`, with the keys every checkpoint holds checked
+    (present, of the right JSON type, a valid config) so that no caller meets a KeyError."""
+    file = path / "state.json"
     try:
-        return json.loads((path / "state.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"checkpoint {path}/state.json is unreadable: {err}") from None
+        state = json.loads(file.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or bad UTF-8
+        raise UserError(f"checkpoint {file} is unreadable: {err}") from None
+    if not isinstance(state, dict):
+        raise UserError(f"checkpoint {file} is corrupt: it holds a JSON {type(state).__name__}, not an object")
+    for key, (kind, json_name, required) in STATE_KEYS.items():
+        value = state.get(key)
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))  # True is an int
+        if wrong and (required or key in state):
+            raise UserError(f"checkpoint {file} is corrupt: {key!r} must be a JSON {json_name}, got {value!r:.40}")
+    if state["step"] < 0 or not all(isinstance(d, str) for d in state.get("sha256", {}).values()):
+        raise UserError(f"checkpoint {file} is corrupt: a negative 'step' or a 'sha256' entry that is not a string")
+    try:  # callers build the config again with from_dict: it must not fail there, unnamed
+        from_dict(state["config"])
+    except ConfigError as err:
+        raise ConfigError(f"checkpoint {file} holds a bad config: {err}") from None
+    return state
+
+
+def check_digest(file: Path) -> None:
+    """Compare `file` with the sha256 its checkpoint's state.json records. Checkpoints
+    written before digests were recorded, and files outside a checkpoint, are not checked."""
+    if not (file.parent / "state.json").is_file():
+        return
+    digests = read_state(file.parent).get("sha256")
+    if digests is None:
+        return
+    if file.name not in digests:
+        raise UserError(f"checkpoint file {file} is not one its state.json records")
+    if sha256(file) != digests[file.name]:
+        raise UserError(f"checkpoint file {file} is corrupt: its sha256 differs from the one recorded in state.json")
 
 
 def load_weights(module, file: Path) -> None:
+    check_digest(file)
     try:
         missing, unexpected = load_model(module, str(file), strict=False)
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:
@@ -94,7 +154,30 @@ def load_weights(module, file: Path) -> None:
 
 
 def load_optimizer(optimizer, file: Path) -> None:
+    check_digest(file)
     try:
-        optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+        saved = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # any failure here means the file is not a usable optimizer state
         raise UserError(f"optimizer state {file} is corrupt: {str(err).splitlines()[0]}") from None
+    check_optimizer_shapes(optimizer, saved, file)
+    try:
+        optimizer.load_state_dict(saved)
+    except Exception as err:
+        raise UserError(f"optimizer state {file} is corrupt: {str(err).splitlines()[0]}") from None
+
+
+def check_optimizer_shapes(optimizer, saved, file: Path) -> None:
+    """load_state_dict checks only parameter counts: the state of a model of another width
+    would load, then fail at the first step with a size mismatch."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    slots = saved.get("state") if isinstance(saved, dict) else None
+    if not isinstance(slots, dict):
+        raise UserError(f"optimizer state {file} is corrupt: it holds no per-parameter state")
+    for index, slot in slots.items():
+        if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(slot, dict)):
+            raise UserError(f"optimizer state {file} does not match the model: "
+                            f"it has state for parameter {index!r:.20}")
+        for name, value in slot.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[index].shape:
+                raise UserError(f"optimizer state {file} does not match the model: its {name} of parameter {index} "
+                                f"has shape {tuple(value.shape)}, the parameter {tuple(params[index].shape)}")

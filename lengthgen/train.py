@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -28,12 +29,17 @@ from .tasks.base import sample_mixed
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    """The device of train.device (whose spelling config validated), refused unless this machine has it."""
     if name != "auto":
-        if name.startswith("cuda") and not torch.cuda.is_available():
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"train.device {name!r} requested but CUDA is not available")
-        if name == "mps" and not torch.backends.mps.is_available():
-            raise UserError("train.device 'mps' requested but MPS is not available")
-        return torch.device(name)
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise UserError(f"train.device {name!r} requested but this machine has "
+                            f"{torch.cuda.device_count()} CUDA device(s)")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise UserError(f"train.device {name!r} requested but MPS is not available")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():
@@ -82,6 +88,7 @@ def curriculum_end(cfg: Config) -> int:
 
 
 def learning_rate(cfg: Config, step: int) -> float:
+    """Both cosine schedules warm up linearly first; constant has no warm-up (config refuses one)."""
     tr = cfg.train
     if tr.schedule == "constant":
         return tr.lr
@@ -105,8 +112,19 @@ def sample_batch(task: Task, batch_size: int, low: int, high: int, generator: to
     return task.sample(batch_size, n, generator)
 
 
+def check_is_folder(folder: Path) -> None:
+    """Refuse a run folder path that is a file or lies under one (mkdir and iterdir would crash)."""
+    for path in (folder, *folder.parents):  # the nearest part that exists must be a folder
+        if path.is_dir():
+            return
+        if path.exists():
+            where = "is a file" if path == folder else f"lies under {path}, which is a file"
+            raise UserError(f"run folder {folder} {where}, not a folder")
+
+
 def prepare_run_dir(folder: Path, resume: bool, force: bool) -> None:
     """Refuse to overwrite a run folder unless --force; --resume needs one."""
+    check_is_folder(folder)
     exists = folder.exists() and any(folder.iterdir())
     if resume:
         if not exists or checkpoint.latest(folder) is None:
@@ -116,7 +134,10 @@ def prepare_run_dir(folder: Path, resume: bool, force: bool) -> None:
         raise UserError(f"run folder {folder} already exists (use --resume to continue it or --force to overwrite it)")
     if exists:
         shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot make run folder {folder}: {err.strerror}") from None
 
 
 def decay_params(model: torch.nn.Module) -> list[dict]:
@@ -154,8 +175,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         if ema is not None:
             checkpoint.load_weights(ema, path / "ema.safetensors")
         checkpoint.load_optimizer(optimizer, path / "optimizer.pt")
-        data.set_state(checkpoint.decode_state(state["data_rng"]))
-        torch.set_rng_state(checkpoint.decode_state(state["torch_rng"]))
+        checkpoint.restore_rng(path, state, data)
         step = state["step"]
         trained_seconds = _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
     else:
@@ -219,12 +239,33 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     return {"step": step, "folder": str(folder), "device": str(device)}
 
 
+def _read_metrics(path: Path) -> list[dict]:
+    """The rows of metrics.jsonl. A run killed mid-write leaves a partial last line: it is
+    dropped with a note (resume drops the lines after the checkpoint anyway); a bad line
+    anywhere else is an error, since the file was then damaged by something else."""
+    text = path.read_text(errors="replace")  # undecodable bytes make their line unparseable
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    rows = []
+    for number, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == lines[-1][0]:
+                print(f"lengthgen: note: dropped the unfinished last line {number} of {path}", file=sys.stderr)
+                continue
+            raise UserError(f"{path} line {number} is not valid JSON") from None
+        if not (isinstance(row, dict) and isinstance(row.get("step"), int)
+                and isinstance(row.get("time", 0), (int, float))):
+            raise UserError(f"{path} line {number} is not a metrics row (an object with an integer step)")
+        rows.append(row)
+    return rows
+
+
 def _truncate_metrics(path: Path, step: int) -> float:
     """Drop the lines after `step`; returns the training seconds of the last line kept."""
     if not path.exists():
         return 0.0
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    rows = [row for row in rows if row["step"] <= step]
+    rows = [row for row in _read_metrics(path) if row["step"] <= step]
     checkpoint.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     return float(rows[-1].get("time", 0.0)) if rows else 0.0
 
