@@ -7,6 +7,7 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -42,11 +43,13 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .config import parse_lengths
+    from .config import MAX_EVAL_SEED, parse_lengths
     from .evaluate import evaluate_run, format_table, load_run
 
     if args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
+    if args.seed is not None and not 0 <= args.seed < MAX_EVAL_SEED:
+        raise UserError(f"--seed must be in [0, 2**40), as eval.seed, got {args.seed}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.lengths is None:
@@ -62,8 +65,9 @@ def cmd_eval(args) -> None:
 def cmd_report(args) -> None:
     from .report import write_report
 
-    out = Path(args.out) if args.out else Path(args.dirs[0])
-    command = "lengthgen report " + " ".join(args.dirs) + (f" --out {args.out}" if args.out else "")
+    first = Path(args.dirs[0])
+    out = Path(args.out or (first.parent if first.is_file() else first))  # RUN/eval.csv -> RUN
+    command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
     path = write_report(args.dirs, out, command=command)
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and {out / 'accuracy_vs_length.png'}")
@@ -72,7 +76,8 @@ def cmd_report(args) -> None:
 def cmd_reproduce(args) -> None:
     from .reproduce import reproduce
 
-    split = lambda text: [t.strip() for t in text.split(",") if t.strip()] if text else None  # noqa: E731
+    # an empty list ("--tasks ,") is passed on, and refused, rather than read as "all of them"
+    split = lambda text: None if text is None else [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
     path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.methods),
                      Path(args.out) if args.out else None, args.workers, args.samples, progress=not args.no_progress,
                      extra=args.set, threads=args.threads)
@@ -113,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="tables and a figure from eval.csv files")
     r.add_argument("dirs", nargs="+", help="run folders or folders containing runs")
-    r.add_argument("--out", help="where to write report.md, results.csv and the figure (default: the first DIR)")
+    r.add_argument("--out", help="where to write report.md, results.csv and the figure "
+                   "(default: the first DIR, or the folder of a CSV file given first)")
     r.set_defaults(func=cmd_report)
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
     rp.add_argument("paper", help="looped")

@@ -4,11 +4,12 @@ Each length draws its samples from its own generator seeded by (eval seed,
 length), so a length's test set is the same whichever other lengths are
 requested and in whatever order. Results are rows keyed by values
 (run, task, method, seed, length, ...), written to RUN/eval.csv; rows of a
-previous evaluation at other lengths are kept.
+previous evaluation of the same checkpoint at other lengths are kept.
 """
 from __future__ import annotations
 
 import csv
+import io
 import math
 import sys
 from pathlib import Path
@@ -130,7 +131,10 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     """Evaluate a run at `lengths` under each stop rule in `stops` (looped methods; default
     oracle); write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
     folder = Path(folder)
+    lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     cfg, task, method, model, step = load_run(folder)
+    # read before the long evaluation: an unreadable old file must stop us now, not after it
+    old = read_rows(folder / "eval.csv") if (folder / "eval.csv").exists() else []
     looped = hasattr(method, "predict_stop")
     if stops and not looped:
         raise UserError(f"--stop applies to looped methods; {folder} was trained with method {cfg.method!r}")
@@ -164,7 +168,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         steps_rows += curve
         rows += [row(folder, cfg, length, samples, *results[stop][:2], task.random_baseline(length), step,
                      stop, results[stop][2]) for stop in stops]
-    write_rows(folder / "eval.csv", rows)
+    write_rows(folder / "eval.csv", rows, old)
     if per_step:
         ident = {k: v for k, v in rows[0].items() if k in PER_STEP_COLUMNS}
         write_csv(folder / "per_step.csv", [{**ident, **r} for r in steps_rows], PER_STEP_COLUMNS)
@@ -179,21 +183,44 @@ def row(folder: Path, cfg: Config, length: int, samples: int, acc: float, tok: f
             "baseline": baseline, "step": step}
 
 
-def read_rows(path: Path) -> list[dict]:
-    with Path(path).open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:  # files written before stop rules existed
-        r.setdefault("stop", "")
-        r.setdefault("stop_step", "nan")
-    missing = set(COLUMNS) - set(rows[0]) if rows else set()
+def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tuple[str, ...],
+               defaults: dict | None = None) -> list[dict]:
+    """Typed rows of a CSV this module wrote. A missing column or a value that is not a
+    number (a truncated or hand-edited file) is a UserError naming the file and line."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        text = f.read()
+    if text and not text.endswith("\n"):  # every line the csv writer writes ends in one
+        raise UserError(f"{path} ends in the middle of a line (truncated?); evaluate the run again")
+    reader = csv.DictReader(io.StringIO(text))
+    rows, header = list(reader), reader.fieldnames
+    if not header:
+        raise UserError(f"{path} is empty (no CSV header)")
+    missing = set(columns) - set(header) - set(defaults or {})
     if missing:
         raise UserError(f"{path} lacks the columns {sorted(missing)}")
-    for r in rows:
-        for key in ("seed", "length", "n", "train_max", "step"):
-            r[key] = int(r[key])
-        for key in ("accuracy", "token_accuracy", "baseline", "stop_step"):
-            r[key] = float(r[key])
+    for line, r in enumerate(rows, start=2):
+        for key, value in (defaults or {}).items():  # files written before a column existed
+            r.setdefault(key, value)
+        for key, kind in [(k, int) for k in ints] + [(k, float) for k in floats]:
+            try:
+                r[key] = kind(r[key])
+            except (TypeError, ValueError):
+                raise UserError(f"{path} line {line}: {key} is {r[key]!r}, not a number "
+                                "(truncated or edited? evaluate the run again)") from None
     return rows
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of an eval.csv, typed."""
+    return read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
+                      ("accuracy", "token_accuracy", "baseline", "stop_step"), {"stop": "", "stop_step": "nan"})
+
+
+def read_per_step(path: Path) -> list[dict]:
+    """The rows of a per_step.csv, typed."""
+    return read_table(path, PER_STEP_COLUMNS, ("seed", "length", "n", "iteration", "train_max"),
+                      ("accuracy", "confidence", "oracle_step"))
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -205,12 +232,22 @@ def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     tmp.replace(path)
 
 
-def write_rows(path: Path, rows: list[dict]) -> None:
-    """Merge into an existing eval.csv: new rows replace old ones of the same (length, stop)."""
+def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None) -> None:
+    """Merge into an existing eval.csv (its rows `old`, read from `path` when None): new rows
+    replace old ones of the same (length, stop), and old rows of another checkpoint step are
+    dropped, so that the file describes one set of weights."""
     path = Path(path)
+    if old is None:
+        old = read_rows(path) if path.exists() else []
+    step = rows[0]["step"]
+    stale = [r for r in old if r["step"] != step]
+    if stale:
+        steps = ", ".join(map(str, sorted({r["step"] for r in stale})))
+        print(f"note: dropped {len(stale)} row(s) of {path} evaluated at step {steps}; "
+              f"these weights are step {step}", file=sys.stderr)
     new_keys = {(r["length"], r["stop"]) for r in rows}
-    old = [r for r in read_rows(path) if (r["length"], r["stop"]) not in new_keys] if path.exists() else []
-    write_csv(path, sorted(old + rows, key=lambda r: (r["stop"], r["length"])), COLUMNS)
+    kept = [r for r in old if r["step"] == step and (r["length"], r["stop"]) not in new_keys]
+    write_csv(path, sorted(kept + rows, key=lambda r: (r["stop"], r["length"])), COLUMNS)
 
 
 def format_table(rows: list[dict]) -> str:

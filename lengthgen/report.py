@@ -2,7 +2,9 @@
 
 Runs are grouped into series by (task, method, position); a series' value at
 a length is the mean over its seeds, shown with the standard error of that
-mean (sample standard deviation / sqrt(seeds)) and the number of seeds.
+mean (sample standard deviation / sqrt(seeds)) and the number of seeds. Runs of
+one series that differ in train_max, or at one length in baseline or n, are
+runs of different configs, not seeds: the report refuses to average them.
 "Beyond training" always means length > train_max, read from the rows.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .errors import UserError
-from .evaluate import COLUMNS, read_rows
+from .evaluate import COLUMNS, read_per_step, read_rows
 
 
 def collect(paths: list[Path]) -> list[dict]:
@@ -28,7 +30,11 @@ def collect(paths: list[Path]) -> list[dict]:
             raise UserError(f"{path} does not exist")
         if not files:
             raise UserError(f"no eval.csv under {path} (run `lengthgen eval RUN_DIR` first)")
-        rows += [r for f in files for r in read_rows(f)]
+        for f in files:
+            got = read_rows(f)
+            if not got:
+                raise UserError(f"{f} holds no result rows (evaluate the run again or leave it out)")
+            rows += [{**r, "source": str(f.parent)} for r in got]  # names the run in error messages
     return rows
 
 
@@ -41,8 +47,30 @@ def mean_stderr(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / k)
 
 
+def check_same_config(rows: list[dict]) -> None:
+    """Refuse to average runs of different configs as seeds: within a series every run
+    must have one train_max, and at each length one baseline (task options) and one n."""
+    def refuse(a: dict, b: dict, field: str, where: str) -> None:
+        name = lambda r: r.get("source", r["run"])  # noqa: E731
+        raise UserError(f"{name(a)} and {name(b)} differ in {field} ({a[field]} vs {b[field]}) in "
+                        f"{a['task']}/{a['method']}/{a['position']}{where}: they are runs of different configs, "
+                        f"not seeds; report them separately")
+
+    first: dict[tuple, dict] = {}
+    for r in rows:
+        series = (r["task"], r["method"], r["position"], r["stop"])
+        other = first.setdefault(series, r)
+        if other["train_max"] != r["train_max"]:
+            refuse(other, r, "train_max", "")
+        other = first.setdefault((*series, r["length"]), r)
+        for field in ("baseline", "n"):
+            if other[field] != r[field]:
+                refuse(other, r, field, f" at length {r['length']}")
+
+
 def aggregate(rows: list[dict]) -> list[dict]:
     """One row per (task, method, position, length): mean, stderr, seeds, baseline."""
+    check_same_config(rows)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["method"], r["position"], r["stop"], r["length"])].append(r)
@@ -56,7 +84,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         tok, _ = mean_stderr([r["token_accuracy"] for r in rs])
         out.append({"task": task, "method": method, "position": position, "stop": stop, "length": length,
                     "accuracy": mean, "stderr": err, "seeds": len(rs), "token_accuracy": tok,
-                    "train_max": max(r["train_max"] for r in rs), "baseline": rs[0]["baseline"],
+                    "train_max": rs[0]["train_max"], "baseline": rs[0]["baseline"],
                     "samples": sum(r["n"] for r in rs)})
     return out
 
@@ -90,7 +118,9 @@ def at_multiple(lengths: list[int], train_max: int, factor: float) -> int | None
 def task_view(agg: list[dict], task: str) -> dict:
     """One task's aggregated rows, indexed the way both report tables read them."""
     rows = [a for a in agg if a["task"] == task]
-    differ = len({a["position"] for a in rows}) > 1
+    # decided over the whole report: colours are per series across panels and the figure's
+    # legend merges equal labels, so a label must name the same series in every panel
+    differ = len({a["position"] for a in agg}) > 1
     series = sorted({series_key(a) for a in rows})
     return {"rows": rows, "series": series, "labels": [series_label(k, differ) for k in series],
             "lengths": sorted({a["length"] for a in rows}), "train_max": max(a["train_max"] for a in rows),
@@ -158,7 +188,8 @@ def plot(agg: list[dict], path: Path) -> None:
     legend: dict[str, object] = {}  # label -> handle, across panels
     for ax, task in zip(axes.flat, tasks):
         v = task_view(agg, task)
-        ax.axvspan(min(v["lengths"]) - 0.5, v["train_max"] + 0.5, color="0.9", label="training lengths")
+        if min(v["lengths"]) <= v["train_max"]:  # shade only training lengths that were evaluated
+            ax.axvspan(min(v["lengths"]) - 0.5, v["train_max"] + 0.5, color="0.9", label="training lengths")
         for key, label in zip(v["series"], v["labels"]):
             s = [v["at"][(*key, n)] for n in v["lengths"] if (*key, n) in v["at"]]
             err = [0 if math.isnan(a["stderr"]) else a["stderr"] for a in s]
@@ -187,12 +218,7 @@ def collect_per_step(paths: list[Path]) -> list[dict]:
         files = [path] if path.is_file() and path.name == "per_step.csv" else \
             sorted(path.rglob("per_step.csv")) if path.is_dir() else []
         for f in files:
-            with f.open(newline="") as fh:
-                for r in csv.DictReader(fh):
-                    rows.append({**r, "seed": int(r["seed"]), "length": int(r["length"]),
-                                 "iteration": int(r["iteration"]), "accuracy": float(r["accuracy"]),
-                                 "confidence": float(r["confidence"]), "oracle_step": float(r["oracle_step"]),
-                                 "train_max": int(r["train_max"])})
+            rows += read_per_step(f)
     return rows
 
 
@@ -244,7 +270,10 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     when runs have per_step.csv) in `out`; returns report.md's path."""
     rows = collect(paths)
     agg = aggregate(rows)
+    steps = collect_per_step(paths)  # every input is read and checked before anything is written
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder for report.md, results.csv and the figures")
     out.mkdir(parents=True, exist_ok=True)
     with (out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -261,7 +290,6 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text += ["## Summary", "", "Exact match at 1.5× and 2× the longest training length (the evaluated length "
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
              summary(agg), "## Per task", "", markdown(agg), "![accuracy vs length](accuracy_vs_length.png)", ""]
-    steps = collect_per_step(paths)
     if steps:
         plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")
         text += ["## Accuracy after every iteration", "",

@@ -4,15 +4,18 @@ A reproduction is a grid of runs (task x method x seed). Each run is trained
 from the task's preset (experiments/looped/<scale>/<task>.toml) with the
 method's overrides (experiments/looped/methods.toml), evaluated at the
 preset's test lengths, and aggregated into DIR/report.md, DIR/results.csv and
-figures. Independent runs go to worker processes. A run that has finished is
-skipped and one with a checkpoint resumes, so an interrupted reproduction
-continues where it stopped; a failing run is reported and does not stop the
-others.
+figures. Independent runs go to worker processes. A run that has finished
+training is not trained again, and its evaluation is kept when eval.done records
+the same evaluation settings and eval.csv is readable; one with a checkpoint
+resumes, so an interrupted reproduction continues where it stopped; a failing
+run is reported and does not stop the others.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -50,6 +53,8 @@ class Job:
 
 
 RUNTIME_KEYS = {"train.threads", "train.device"}  # how a run executes, not what it computes
+# set per run by the grid itself (--seeds, --threads): a --set of these would be overridden
+PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
 
 
 def _flat(data: dict, prefix: str = "") -> dict:
@@ -127,6 +132,55 @@ def write_timing(path: Path, results: list[dict]) -> None:
     path.write_text("run,ok,seconds\n" + "".join(rows[name] + "\n" for name in sorted(rows)))
 
 
+def eval_settings(job: Job, cfg) -> dict:
+    """What a run's evaluation depends on beyond its config; recorded in eval.done."""
+    return {"samples": job.samples or cfg.eval.samples, "lengths": parse_lengths(cfg.eval.lengths),
+            "stops": job.stops, "per_step": job.per_step}
+
+
+def evaluation_current(folder: Path, settings: dict) -> bool:
+    """eval.done records these settings, and eval.csv (and per_step.csv) are there and readable."""
+    from .evaluate import read_per_step, read_rows
+
+    try:
+        if json.loads((folder / "eval.done").read_text()) != settings:
+            return False  # "ok" from before settings were recorded is not JSON: evaluated again
+        if settings["per_step"]:
+            read_per_step(folder / "per_step.csv")
+        return bool(read_rows(folder / "eval.csv"))
+    except (OSError, ValueError, UserError):  # missing or unreadable
+        return False
+
+
+def set_aside_if_unreadable(path: Path) -> None:
+    """Move an unreadable eval.csv aside (kept, never deleted): evaluating the run again would
+    otherwise refuse to merge into it."""
+    from .evaluate import read_rows
+
+    try:
+        if path.exists():
+            read_rows(path)
+    except UserError as err:
+        aside = path.with_name(f"{path.name}.unreadable")
+        path.replace(aside)
+        print(f"note: {err}; moved it to {aside}", file=sys.stderr)
+
+
+# What a training killed before its first checkpoint leaves (checkpoint.save writes into
+# hidden .tmp folders): such a folder holds no result and may be started afresh.
+UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints"}
+
+
+def unstarted(folder: Path) -> bool:
+    """`folder` is missing or holds only what UNSTARTED names, with no checkpoint in it."""
+    if not folder.exists():
+        return True
+    if any(p.name not in UNSTARTED for p in folder.iterdir()):
+        return False
+    ckpts = folder / "checkpoints"
+    return not ckpts.exists() or all(p.name.startswith(".") and p.name.endswith(".tmp") for p in ckpts.iterdir())
+
+
 def run_job(job: Job) -> dict:
     """Train (or resume, or skip) and evaluate one run; never raises."""
     import torch
@@ -144,16 +198,22 @@ def run_job(job: Job) -> dict:
         if difference:
             raise UserError(f"{folder} holds a run of another config ({difference}); "
                             "use another --out or delete that folder")
-        finished, done = is_finished(folder), folder / "eval.done"
-        skipped = finished and done.exists()
+        settings, done = eval_settings(job, cfg), folder / "eval.done"
+        finished = is_finished(folder)
+        skipped = finished and evaluation_current(folder, settings)
         if not finished:
             resume = folder.is_dir() and checkpoint.latest(folder) is not None
+            if not resume and not unstarted(folder):  # e.g. checkpoints pruned to save disk: keep its results
+                kept = ", ".join(sorted(p.name for p in folder.iterdir()))
+                raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
+                                "move or delete that folder to train the run again")
             train(cfg, folder, resume=resume, force=not resume, progress=False)
-        if not done.exists():
-            lengths = parse_lengths(cfg.eval.lengths)
-            evaluate_run(folder, lengths, job.samples or cfg.eval.samples, stops=job.stops or None,
+        if not skipped:
+            done.unlink(missing_ok=True)  # an interrupted evaluation must not look finished
+            set_aside_if_unreadable(folder / "eval.csv")
+            evaluate_run(folder, settings["lengths"], settings["samples"], stops=job.stops or None,
                          per_step=job.per_step, progress=False)
-            done.write_text("ok\n")
+            done.write_text(json.dumps(settings) + "\n")
         return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start, "skipped": skipped}
     except BaseException as err:  # report any failure of this run and let the others go on
         return {"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
@@ -194,13 +254,26 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
         raise UserError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
     if seeds < 1 or workers < 1 or threads < 0:
         raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
+    if samples < 0:
+        raise UserError(f"--samples must be >= 1 (or 0 for the presets' own), got {samples}")
+    for setting in extra or []:
+        key = setting.split("=", 1)[0].strip()
+        if key in PER_RUN_KEYS:
+            raise UserError(f"--set {key} is set per run by reproduce; use {PER_RUN_KEYS[key]} instead")
     spec = PAPERS[paper]
-    tasks, methods = tasks or spec["tasks"], methods or spec["methods"]
-    for name, chosen, valid in (("task", tasks, spec["tasks"]), ("method", methods, list(METHODS))):
-        bad = [c for c in chosen if c not in valid]
+    chosen = {}
+    for name, given, valid in (("task", tasks, spec["tasks"]), ("method", methods, list(METHODS))):
+        if given is not None and not given:
+            raise UserError(f"--{name}s names no {name}; leave it out to run all of them")
+        given = list(dict.fromkeys(given or spec[f"{name}s"]))  # a name given twice is one run, not two
+        bad = [c for c in given if c not in valid]
         if bad:
             raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")
+        chosen[name] = given
+    tasks, methods = chosen["task"], chosen["method"]
     out = Path(out or f"runs/reproduce-{paper}-{scale}")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
     jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples, extra, threads)
     from .train import check_precision, pick_device
     settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
@@ -237,8 +310,10 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
     print(f"{len(results)} runs done in {time.perf_counter() - start:.0f} s of wall time "
           f"({len(failed)} failed); per run: {out / 'timing.csv'}", file=sys.stderr)
     from .report import write_report
-    command = (f"lengthgen reproduce {paper} --scale {scale} --seeds {seeds} --tasks {','.join(tasks)} "
-               f"--methods {','.join(methods)} --out {out}" + "".join(f" --set {e}" for e in extra or []))
+    command = shlex.join(["lengthgen", "reproduce", paper, "--scale", scale, "--seeds", str(seeds),
+                          "--tasks", ",".join(tasks), "--methods", ",".join(methods), "--out", str(out)]
+                         + (["--samples", str(samples)] if samples else [])
+                         + [arg for e in extra or [] for arg in ("--set", e)])
     evaluated = [Path(r["folder"]) for r in results if r["ok"]]
     if not evaluated:
         raise UserError(f"every run failed; see {out / 'failures.txt'}")

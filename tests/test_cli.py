@@ -193,3 +193,53 @@ def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):
         accuracies.append((float(row["accuracy"]), float(row["token_accuracy"])))
     for other in accuracies[1:]:  # the same samples; float sums may only differ in their last bits
         assert other == pytest.approx(accuracies[0], rel=1e-6)
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    folder = tmp_path / "run"
+    assert main(["train", *TINY, "--out", str(folder), "--no-progress"]) == 0
+    return folder
+
+
+def eval_rows(folder) -> list[dict]:
+    with open(folder / "eval.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_eval_gives_a_repeated_length_one_row(tiny_run):
+    assert main(["eval", str(tiny_run), "--lengths", "4,4,2", "--samples", "16", "--no-progress"]) == 0
+    assert [r["length"] for r in eval_rows(tiny_run)] == ["2", "4"]
+
+
+def test_eval_csv_keeps_only_rows_of_the_evaluated_checkpoint(tiny_run, capsys):
+    assert main(["eval", str(tiny_run), "--lengths", "2,4", "--samples", "16", "--no-progress"]) == 0
+    rows = eval_rows(tiny_run)
+    step = rows[0]["step"]
+    rows[0]["step"] = "7"  # as if length 2 had been evaluated before training resumed
+    with open(tiny_run / "eval.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    capsys.readouterr()
+    assert main(["eval", str(tiny_run), "--lengths", "6", "--samples", "16", "--no-progress"]) == 0
+    assert [(r["length"], r["step"]) for r in eval_rows(tiny_run)] == [("4", step), ("6", step)]
+    assert "dropped 1 row(s)" in capsys.readouterr().err
+
+
+def test_eval_refuses_an_unreadable_eval_csv_before_evaluating(tiny_run, capsys, monkeypatch):
+    import lengthgen.evaluate as evaluate
+
+    (tiny_run / "eval.csv").write_text(",".join(evaluate.COLUMNS) + "\nrun,parity,ntp\n")
+    monkeypatch.setattr(evaluate, "rules_at", lambda *a, **k: pytest.fail("evaluated before reading eval.csv"))
+    assert main(["eval", str(tiny_run), "--lengths", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(tiny_run / "eval.csv") in err[0]
+    assert (tiny_run / "eval.csv").read_text().endswith("\nrun,parity,ntp\n")  # left as it was
+
+
+def test_eval_seed_out_of_range_is_refused(tiny_run, capsys):
+    assert main(["eval", str(tiny_run), "--lengths", "2", "--seed", str(2**62), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--seed" in err[0]
+    assert not (tiny_run / "eval.csv").exists()

@@ -2,7 +2,9 @@
 reporting failed ones without stopping the others."""
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from lengthgen import reproduce as rp
-from lengthgen.config import load
+from lengthgen.config import load, to_toml
 from lengthgen.errors import ConfigError, UserError
+from lengthgen.evaluate import read_rows
 
 PRESET = """
 method = "looped"
@@ -80,9 +83,14 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
 
 def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     out = tmp_path / "out"
+    betas = "train.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
     report = rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], methods=["looped", "ntp"],
-                          out=out, workers=2, progress=False)
+                          out=out, workers=2, samples=8, progress=False, extra=[betas])
     text = report.read_text()
+    command = next(line for line in text.splitlines() if line.startswith("    lengthgen reproduce"))
+    assert shlex.split(command) == ["lengthgen", "reproduce", "looped", "--scale", "cpu", "--seeds", "1",
+                                    "--tasks", "parity,copy", "--methods", "looped,ntp", "--out", str(out),
+                                    "--samples", "8", "--set", betas]
     # copy's runs fail at evaluation (length 8 exceeds the position table); parity's succeed
     assert "2 run(s) failed" in text and "max_positions" in text
     assert "copy-looped-s0" in (out / "failures.txt").read_text()
@@ -97,7 +105,7 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     ckpt = out / "runs" / "parity-looped-s0" / "checkpoints" / "latest"
     stamps = done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns
     rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out, workers=1,
-                 progress=False)
+                 samples=8, progress=False)
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
     # the skipped run keeps the seconds measured when it was trained; the other rows stay
     second = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])
@@ -119,6 +127,97 @@ def test_bad_arguments(experiments, tmp_path):
         rp.reproduce("transformers", out=tmp_path)
     with pytest.raises(UserError, match="unknown scale"):
         rp.reproduce("looped", scale="tpu", out=tmp_path)
+
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Fail at once if a reproduction gets as far as starting its worker processes."""
+    monkeypatch.setattr(rp, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("runs started"))
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"tasks": []}, "--tasks names no task"),
+    ({"methods": []}, "--methods names no method"),
+    ({"samples": -1}, "--samples must be >= 1"),
+    ({"extra": ["train.model_seed=7"]}, "use --seeds"),
+    ({"extra": ["train.data_seed=7"]}, "use --seeds"),
+    ({"extra": [" train.threads = 1"]}, "use --threads"),
+], ids=["no-task", "no-method", "samples", "model-seed", "data-seed", "threads"])
+def test_bad_arguments_are_refused_before_any_run(experiments, tmp_path, no_runs, kwargs, needle):
+    args = {"tasks": ["parity"], "methods": ["ntp"], "seeds": 1, "workers": 1, "progress": False, **kwargs}
+    with pytest.raises(UserError, match=needle):
+        rp.reproduce("looped", "cpu", out=tmp_path / "out", **args)
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_that_is_a_file_is_refused(experiments, tmp_path, no_runs):
+    (tmp_path / "out").write_text("notes")
+    with pytest.raises(UserError, match="is a file"):
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["ntp"], out=tmp_path / "out",
+                     workers=1, progress=False)
+
+
+class Planned(Exception):
+    pass
+
+
+def test_a_name_given_twice_is_one_run(experiments, tmp_path, monkeypatch):
+    planned = []
+
+    def plan(paper, scale, tasks, methods, *args):
+        planned.append((tasks, methods))
+        raise Planned  # stop before anything runs
+
+    monkeypatch.setattr(rp, "plan", plan)
+    with pytest.raises(Planned):
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy", "parity"], methods=["ntp", "looped", "ntp"],
+                     out=tmp_path / "out", workers=2, progress=False)
+    assert planned == [(["parity", "copy"], ["ntp", "looped"])]
+
+
+def parity_ntp(out, samples):
+    (job,) = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, out, workers=1, samples=samples, threads=1)
+    return job
+
+
+def test_run_is_evaluated_again_when_settings_change_or_results_are_missing(experiments, tmp_path):
+    out = tmp_path / "out"
+    folder = out / "runs" / "parity-ntp-s0"
+    first = rp.run_job(parity_ntp(out, samples=8))
+    assert first["ok"] and not first["skipped"]
+    assert rp.run_job(parity_ntp(out, samples=8))["skipped"]
+    # other --samples: the old evaluation does not count
+    again = rp.run_job(parity_ntp(out, samples=4))
+    assert again["ok"] and not again["skipped"]
+    assert {r["n"] for r in read_rows(folder / "eval.csv")} == {4}
+    assert json.loads((folder / "eval.done").read_text())["samples"] == 4
+    # eval.done without eval.csv: evaluated again, not skipped and left out of the report
+    (folder / "eval.csv").unlink()
+    assert not rp.run_job(parity_ntp(out, samples=4))["skipped"] and (folder / "eval.csv").is_file()
+    # an unreadable eval.csv is kept aside and the run evaluated again
+    text = (folder / "eval.csv").read_text()
+    (folder / "eval.csv").write_text(text[:-5])
+    assert not rp.run_job(parity_ntp(out, samples=4))["skipped"]
+    assert (folder / "eval.csv.unreadable").read_text() == text[:-5] and read_rows(folder / "eval.csv")
+
+
+def test_run_folder_without_checkpoint_is_kept_unless_it_holds_nothing(experiments, tmp_path):
+    out = tmp_path / "out"
+    job = parity_ntp(out, samples=4)
+    folder = Path(job.folder)
+    (folder / "checkpoints").mkdir(parents=True)  # pruned to save disk; the results stay
+    (folder / "config.toml").write_text(to_toml(load(job.preset, job.overrides)))
+    (folder / "eval.csv").write_text("kept\n")
+    (folder / "notes.md").write_text("kept\n")
+    result = rp.run_job(job)
+    assert not result["ok"] and "no checkpoint" in result["error"] and "notes.md" in result["error"]
+    assert (folder / "eval.csv").read_text() == (folder / "notes.md").read_text() == "kept\n"
+    # what a training killed before its first checkpoint leaves is started afresh
+    (folder / "eval.csv").unlink()
+    (folder / "notes.md").unlink()
+    (folder / "metrics.jsonl").write_text("")
+    (folder / "checkpoints" / ".step_00000010.tmp").mkdir()
+    assert rp.run_job(job)["ok"] and read_rows(folder / "eval.csv")
 
 
 def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monkeypatch):

@@ -1,0 +1,106 @@
+"""`lengthgen report` on hand-written eval.csv files: no mixing of configs, one-line errors
+on unreadable files before anything is written, and honest figures."""
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+
+import matplotlib.axes
+import matplotlib.figure
+import pytest
+
+from lengthgen.cli import main
+from lengthgen.evaluate import COLUMNS, PER_STEP_COLUMNS, write_csv
+from lengthgen.report import aggregate, plot
+
+ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "seed": 0, "n": 64, "accuracy": 1.0,
+       "token_accuracy": 1.0, "stop_step": math.nan, "train_max": 4, "baseline": 0.5, "step": 20}
+
+
+def write_run(folder: Path, lengths=(2, 4, 6), **fields) -> Path:
+    folder.mkdir(parents=True)
+    write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "length": n, **fields} for n in lengths], COLUMNS)
+    return folder
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("field, value", [("train_max", 6), ("baseline", 0.25), ("n", 32)])
+def test_runs_of_different_configs_are_not_averaged_as_seeds(tmp_path, capsys, field, value):
+    write_run(tmp_path / "runs" / "a")
+    write_run(tmp_path / "runs" / "b", seed=1, **{field: value})
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
+    err = one_line_error(capsys)
+    assert "runs/a" in err and "runs/b" in err and f"differ in {field}" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "header only", "short row", "cut mid-value"])
+def test_unreadable_eval_csv_is_one_line_error_before_anything_is_written(tmp_path, capsys, damage):
+    path = write_run(tmp_path / "runs" / "a") / "eval.csv"
+    text = path.read_text()
+    path.write_text({"empty": "", "header only": text.splitlines(keepends=True)[0],
+                     "short row": text + "a,parity,ntp\n", "cut mid-value": text[:-3]}[damage])
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
+    assert str(path) in one_line_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_per_step_csv_is_one_line_error(tmp_path, capsys):
+    folder = write_run(tmp_path / "a", method="looped", stop="oracle")
+    steps = [{**ROW, "run": "a", "method": "looped", "length": 2, "iteration": t, "confidence": 0.1, "oracle_step": 2}
+             for t in (1, 2, 3, 4)]
+    write_csv(folder / "per_step.csv", steps, PER_STEP_COLUMNS)
+    (folder / "per_step.csv").write_text((folder / "per_step.csv").read_text()[:-30])
+    assert main(["report", str(folder), "--out", str(tmp_path / "out")]) == 2
+    assert "per_step.csv" in one_line_error(capsys)
+
+
+def test_report_of_one_csv_file_writes_beside_it_and_quotes_its_command(tmp_path, capsys):
+    folder = write_run(tmp_path / "run one")
+    assert main(["report", str(folder / "eval.csv")]) == 0
+    report = (folder / "report.md").read_text()
+    assert f"    {shlex.join(['lengthgen', 'report', str(folder / 'eval.csv')])}\n" in report
+    capsys.readouterr()
+    assert main(["report", str(folder), "--out", str(folder / "eval.csv")]) == 2
+    assert "is a file" in one_line_error(capsys)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What plot() drew: the figure legend's labels and the shaded spans."""
+    seen = {"legend": [], "spans": []}
+    legend, axvspan = matplotlib.figure.Figure.legend, matplotlib.axes.Axes.axvspan
+
+    def record_legend(fig, handles, labels, **kw):
+        seen["legend"] += labels
+        return legend(fig, handles, labels, **kw)
+
+    def record_span(ax, lo, hi, **kw):
+        seen["spans"].append((lo, hi))
+        return axvspan(ax, lo, hi, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "legend", record_legend)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvspan", record_span)
+    return seen
+
+
+def test_legend_names_every_series_when_positions_differ_in_another_panel(tmp_path, drawn):
+    rows = [{**ROW, "run": "p", "length": 4}, {**ROW, "run": "c", "task": "copy", "position": "alibi", "length": 4}]
+    plot(aggregate(rows), tmp_path / "fig.png")
+    series = [label for label in drawn["legend"] if label.startswith("ntp")]
+    assert sorted(series) == ["ntp (alibi) (1 seed)", "ntp (nope) (1 seed)"]
+
+
+def test_training_band_covers_only_evaluated_training_lengths(tmp_path, drawn):
+    beyond = [{**ROW, "run": "r", "train_max": 12, "length": n} for n in (16, 20, 24)]
+    plot(aggregate(beyond), tmp_path / "beyond.png")
+    assert drawn["spans"] == [] and "training lengths" not in drawn["legend"]
+    around = [{**ROW, "run": "r", "train_max": 12, "length": n} for n in (8, 16)]
+    plot(aggregate(around), tmp_path / "around.png")
+    assert drawn["spans"] == [(7.5, 12.5)]
