@@ -224,17 +224,18 @@ def collect_per_step(paths: list[Path]) -> list[dict]:
 
 def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: int = 6) -> None:
     """Accuracy vs iteration, one line per test length (mean over seeds), one panel per
-    (task, method); markers show the step each stop rule picked (mean over seeds)."""
+    (task, method, position); markers show the step each stop rule picked (mean over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["task"], r["method"]) for r in steps})
+    panels = sorted({(r["task"], r["method"], r["position"]) for r in steps})
+    differ = len({p[2] for p in panels}) > 1  # name the scheme only where it tells panels apart
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     markers = {"oracle": ("o", "oracle T(n)"), "confidence": ("x", "confidence (per batch)"),
                "confidence-per-sample": ("^", "confidence (per sample, mean)")}
-    for ax, (task, method) in zip(axes.flat, panels):
-        rows = [r for r in steps if (r["task"], r["method"]) == (task, method)]
+    for ax, (task, method, position) in zip(axes.flat, panels):
+        rows = [r for r in steps if (r["task"], r["method"], r["position"]) == (task, method, position)]
         lengths = sorted({r["length"] for r in rows})
         pick = sorted({lengths[round(i * (len(lengths) - 1) / max(1, max_lines - 1))] for i in range(min(max_lines, len(lengths)))})
         colors = plt.cm.viridis([i / max(1, len(pick) - 1) for i in range(len(pick))])
@@ -248,15 +249,16 @@ def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: i
             acc = {t: sum(by_t[t]) / seeds for t in ts}
             ax.plot(ts, [acc[t] for t in ts], color=color, lw=1.2, label=f"n = {n}")
             for stop, (marker, _) in markers.items():
-                chosen = [e["stop_step"] for e in evals if (e["task"], e["method"], e["stop"], e["length"]) ==
-                          (task, method, stop, n)]
+                chosen = [e["stop_step"] for e in evals if (e["task"], e["method"], e["position"], e["stop"],
+                                                            e["length"]) == (task, method, position, stop, n)]
                 if chosen:
                     t = sum(chosen) / len(chosen)
                     y = acc.get(round(t), float("nan"))
                     ax.plot([t], [y], marker=marker, color=color, ms=8, mfc="none" if marker != "x" else color)
         for stop, (marker, label) in markers.items():
             ax.plot([], [], marker=marker, color="k", ls="none", mfc="none" if marker != "x" else "k", label=label)
-        ax.set(title=f"{task}: {method} ({seeds} seed{'s' * (seeds > 1)})", xlabel="iteration t",
+        name = f"{method}, {position}" if differ else method
+        ax.set(title=f"{task}: {name} ({seeds} seed{'s' * (seeds > 1)})", xlabel="iteration t",
                ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

@@ -104,3 +104,16 @@ def test_training_band_covers_only_evaluated_training_lengths(tmp_path, drawn):
     around = [{**ROW, "run": "r", "train_max": 12, "length": n} for n in (8, 16)]
     plot(aggregate(around), tmp_path / "around.png")
     assert drawn["spans"] == [(7.5, 12.5)]
+
+
+def test_per_step_panels_keep_positional_schemes_apart(tmp_path, monkeypatch):
+    """Two looped runs that differ only in position are two panels, not one averaged curve."""
+    from lengthgen import report
+
+    steps = [{**ROW, "run": p, "method": "looped", "position": p, "length": 2, "iteration": t,
+              "accuracy": float(t == 2) if p == "nope" else 0.0, "confidence": 0.1, "oracle_step": 2}
+             for p in ("nope", "rope") for t in (1, 2, 3)]
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set", lambda ax, **kw: titles.append(kw.get("title")))
+    report.plot_per_step(steps, [], tmp_path / "steps.png")
+    assert titles == ["parity: looped, nope (1 seed)", "parity: looped, rope (1 seed)"]
