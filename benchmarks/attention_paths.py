@@ -44,6 +44,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     dtypes = [(torch.float32, "fp32"), (torch.bfloat16, "bf16")]
     if not native_bf16(torch.device("cpu")):  # lengthgen refuses bf16 training there: nothing to choose

@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2, help="model depth of the training step")
     p.add_argument("--heads", type=int, default=4)
     args = p.parse_args()
+    if min(args.repeats, args.batch, args.width, args.layers, args.heads) < 1 or args.width % args.heads:
+        p.error("--repeats, --batch, --width, --layers and --heads must be >= 1, and --heads must divide --width")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch}; "
           f"training step: ntp decoder width {args.width}, {args.layers} layers, lengths mixed in 1..20")
     print(f"{'task':<15} {'samples/s @20':>14} {'samples/s @200':>15} {'data ms':>8} {'step ms':>8} {'data share':>10}")

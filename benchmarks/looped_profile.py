@@ -24,13 +24,15 @@ from lengthgen.train import decay_params, native_bf16
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="addition", choices=sorted(PAPER))
-    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    bf16 = native_bf16(torch.device("cpu"))
+    p.add_argument("--precision", default="bf16" if bf16 else "fp32", choices=("fp32", "bf16"),
+                   help="default: bf16 where the CPU has native bf16, else fp32")
     p.add_argument("--steps", type=int, default=3, help="profiled training steps (after 3 untimed ones)")
     p.add_argument("--rows", type=int, default=15, help="ops to list, most expensive first")
     args = p.parse_args()
     if args.steps < 1 or args.rows < 1:
         p.error(f"--steps and --rows must be >= 1, got {args.steps} and {args.rows}")
-    if args.precision == "bf16" and not native_bf16(torch.device("cpu")):
+    if args.precision == "bf16" and not bf16:
         p.error("this CPU has no native bf16 (bf16 would profile a reference kernel); use --precision fp32")
     task, model = build(args.task)
     g = torch.Generator().manual_seed(0)

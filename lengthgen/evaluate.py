@@ -37,7 +37,7 @@ def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = T
     """(cfg, task, method, model, step) from a run folder's latest checkpoint."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise UserError(f"run folder {folder} does not exist")
+        raise UserError(f"run folder {folder} " + ("is a file, not a folder" if folder.exists() else "does not exist"))
     path = checkpoint.latest(folder)
     if path is None:
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")

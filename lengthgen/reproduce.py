@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .config import load, parse_lengths, to_dict, tomllib
+from .config import load, parse_lengths, parse_override, to_dict, tomllib
 from .errors import UserError
 from .methods import METHODS
 
@@ -256,10 +256,10 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
         raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     if samples < 0:
         raise UserError(f"--samples must be >= 1 (or 0 for the presets' own), got {samples}")
-    for setting in extra or []:
-        key = setting.split("=", 1)[0].strip()
-        if key in PER_RUN_KEYS:
-            raise UserError(f"--set {key} is set per run by reproduce; use {PER_RUN_KEYS[key]} instead")
+    for setting in extra or []:  # flattened, so an inline table (train={threads=1}) is caught too
+        for key in _flat(parse_override(setting)):
+            if key in PER_RUN_KEYS:
+                raise UserError(f"--set {key} is set per run by reproduce; use {PER_RUN_KEYS[key]} instead")
     spec = PAPERS[paper]
     chosen = {}
     for name, given, valid in (("task", tasks, spec["tasks"]), ("method", methods, list(METHODS))):

@@ -1,8 +1,10 @@
 """What the analysis scripts here share: `SCRIPT RUN_DIR [LENGTH ...]` read into a loaded run."""
+import copy
 import sys
 
 import torch
 
+from lengthgen.config import MAX_LENGTH, TABLE_POSITIONS, longest_sequence
 from lengthgen.errors import UserError
 from lengthgen.evaluate import load_run
 from lengthgen.methods import score
@@ -13,10 +15,11 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
     non-zero exit on bad arguments, a missing or corrupt run, or a run of the wrong task or method."""
     try:
         args = sys.argv[1:]
-        if not args or not all(a.isdigit() and int(a) > 0 for a in args[1:]):
-            raise UserError(f"usage: {script}.py RUN_DIR [LENGTH ...] (lengths: positive integers)")
+        if not args or not all(a.isascii() and a.isdigit() and 0 < int(a) <= MAX_LENGTH for a in args[1:]):
+            raise UserError(f"usage: {script}.py RUN_DIR [LENGTH ...] (lengths: integers 1..{MAX_LENGTH})")
         folder, lengths = args[0], [int(n) for n in args[1:]] or default_lengths
         cfg, run_task, method, model, _ = load_run(folder, torch.device("cpu"))
+        check_fits(cfg, max(lengths))
         if task and run_task.name != task:
             raise UserError(f"{folder} is a {run_task.name!r} run; {script} needs a {task} one")
         if looped and not hasattr(method, "predict_stop"):
@@ -24,6 +27,18 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
     except UserError as err:
         sys.exit(f"{script}: {err}")
     return folder, lengths, cfg, run_task, method, model
+
+
+def check_fits(cfg, length: int) -> None:
+    """A test length whose sequences outrun a learned or sinusoidal position table is
+    refused here, in one line, instead of failing inside the model."""
+    if cfg.model.position in TABLE_POSITIONS:
+        at = copy.deepcopy(cfg)
+        at.task.train_max = length
+        need = longest_sequence(at)
+        if need > cfg.model.max_positions:
+            raise UserError(f"length {length} needs {need} positions; the run's table has "
+                            f"model.max_positions = {cfg.model.max_positions}")
 
 
 @torch.no_grad()

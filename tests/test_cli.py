@@ -243,3 +243,9 @@ def test_eval_seed_out_of_range_is_refused(tiny_run, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--seed" in err[0]
     assert not (tiny_run / "eval.csv").exists()
+
+
+def test_eval_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a run")
+    assert main(["eval", str(tmp_path / "notes.txt"), "--lengths", "2", "--no-progress"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

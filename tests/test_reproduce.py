@@ -142,7 +142,8 @@ def no_runs(monkeypatch):
     ({"extra": ["train.model_seed=7"]}, "use --seeds"),
     ({"extra": ["train.data_seed=7"]}, "use --seeds"),
     ({"extra": [" train.threads = 1"]}, "use --threads"),
-], ids=["no-task", "no-method", "samples", "model-seed", "data-seed", "threads"])
+    ({"extra": ["train={model_seed=5, threads=3}"]}, "use --seeds"),
+], ids=["no-task", "no-method", "samples", "model-seed", "data-seed", "threads", "inline-table"])
 def test_bad_arguments_are_refused_before_any_run(experiments, tmp_path, no_runs, kwargs, needle):
     args = {"tasks": ["parity"], "methods": ["ntp"], "seeds": 1, "workers": 1, "progress": False, **kwargs}
     with pytest.raises(UserError, match=needle):

@@ -24,7 +24,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     learn = ["--set=train.steps=300", "--set=train.lr=3e-3"]  # far enough from 0 and 1 for answer_positions
     for name, task, method, extra in [("parity", "parity", "looped", learn), ("mult", "multiplication", "looped", []),
-                                      ("mult-ntp", "multiplication", "ntp", []), ("add", "addition", "looped", learn)]:
+                                      ("mult-ntp", "multiplication", "ntp", []), ("add", "addition", "looped", learn),
+                                      ("table", "parity", "ntp", ["--set=model.position=learned",
+                                                                  "--set=model.max_positions=16"])]:
         assert main(["train", *TINY, *extra, f"--set=task.name={task}", "--set=task.train_max=4",
                      f"--set=method={method}", "--out", str(root / name)]) == 0
     return root
@@ -83,9 +85,12 @@ def test_answer_positions_cover_the_answer_and_bound_the_exact_match(runs):
     ("parity_by_count.py", ["parity", "-3"], "usage: parity_by_count.py"),
     ("answer_positions.py", ["nowhere"], "does not exist"),
     ("answer_positions.py", ["add", "0"], "usage: answer_positions.py"),
+    ("answer_positions.py", ["add", "\u00b2"], "usage: answer_positions.py"),  # a digit to isdigit, not to int
+    ("answer_positions.py", ["add", "100001"], "usage: answer_positions.py"),
+    ("answer_positions.py", ["table", "40"], "model.max_positions = 16"),
 ])
 def test_scripts_refuse_bad_input_in_one_line(runs, script, args, needle):
-    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "add", "nowhere") else a
+    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "add", "table", "nowhere") else a
                                for a in args])
     assert out.returncode != 0
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
