@@ -122,8 +122,9 @@ def task_view(agg: list[dict], task: str) -> dict:
     # legend merges equal labels, so a label must name the same series in every panel
     differ = len({a["position"] for a in agg}) > 1
     series = sorted({series_key(a) for a in rows})
+    own = {series_key(a): a["train_max"] for a in rows}  # one per series (aggregate checks it)
     return {"rows": rows, "series": series, "labels": [series_label(k, differ) for k in series],
-            "lengths": sorted({a["length"] for a in rows}), "train_max": max(a["train_max"] for a in rows),
+            "lengths": sorted({a["length"] for a in rows}), "train_max": max(own.values()), "own_max": own,
             "at": {(*series_key(a), a["length"]): a for a in rows},
             "baseline": {a["length"]: a["baseline"] for a in rows}}
 
@@ -135,9 +136,9 @@ def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0)) -> str:
     lines = [f"| task | series | {head} | random |", "|---|---|" + "---:|" * (len(factors) + 1)]
     for task in sorted({a["task"] for a in agg}):
         v = task_view(agg, task)
-        targets = [at_multiple(v["lengths"], v["train_max"], f) for f in factors]
-        chance = " / ".join(f"{v['baseline'][n]:.2g}" for n in targets if n)
-        for key, label in zip(v["series"], v["labels"]):
+        for key, label in zip(v["series"], v["labels"]):  # each series at multiples of its own train_max
+            targets = [at_multiple(v["lengths"], v["own_max"][key], f) for f in factors]
+            chance = " / ".join(f"{v['baseline'][n]:.2g}" for n in targets if n)
             cells = [f"{_cell(v['at'][(*key, n)])} @{n}" if n and (*key, n) in v["at"] else "–" for n in targets]
             lines.append(f"| {task} | {label} | " + " | ".join(cells) + f" | {chance} |")
     return "\n".join(lines) + "\n"
@@ -149,20 +150,23 @@ def markdown(agg: list[dict]) -> str:
         v = task_view(agg, task)
         rows, series, labels, lengths, train_max, at = (v[k] for k in ("rows", "series", "labels", "lengths",
                                                                          "train_max", "at"))
+        trained = f"{train_max}" if len(set(v["own_max"].values())) == 1 else \
+            ", ".join(f"{v['own_max'][k]} ({label})" for k, label in zip(series, labels))
         lines = [f"### {task}", "",
                  f"Exact-match accuracy, mean ± standard error over seeds (number of seeds in brackets); "
-                 f"trained on lengths ≤ {train_max}; `random` is the chance of a uniform random guess.", "",
+                 f"trained on lengths ≤ {trained}; `random` is the chance of a uniform random guess.", "",
                  "| length | " + " | ".join(labels) + " | random |",
                  "|---:|" + "---:|" * (len(labels) + 1)]
         for n in lengths:
             base = v["baseline"][n]
             name = f"{n}" if n <= train_max else f"**{n}**"
             lines.append(f"| {name} | " + " | ".join(_cell(at.get((*k, n))) for k in series) + f" | {base:.2g} |")
-        lines += ["", "Bold lengths are beyond training. Mean over lengths:", "",
+        lines += ["", "Bold lengths are beyond training (of every series). Mean over lengths, each series "
+                  "split at its own training maximum:", "",
                   "| series | ≤ train max | > train max |", "|---|---:|---:|"]
         for key, label in zip(series, labels):
-            inside = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] <= train_max]
-            beyond = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] > train_max]
+            inside = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] <= v["own_max"][key]]
+            beyond = [a["accuracy"] for a in rows if series_key(a) == key and a["length"] > v["own_max"][key]]
             fmt = lambda xs: f"{sum(xs) / len(xs):.3f}" if xs else "–"  # noqa: E731
             lines.append(f"| {label} | {fmt(inside)} | {fmt(beyond)} |")
         parts.append("\n".join(lines))

@@ -117,3 +117,16 @@ def test_per_step_panels_keep_positional_schemes_apart(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.axes.Axes, "set", lambda ax, **kw: titles.append(kw.get("title")))
     report.plot_per_step(steps, [], tmp_path / "steps.png")
     assert titles == ["parity: looped, nope (1 seed)", "parity: looped, rope (1 seed)"]
+
+
+def test_summary_reads_each_series_at_multiples_of_its_own_training_maximum():
+    from lengthgen.report import markdown, summary
+
+    rows = [{**ROW, "run": "short", "train_max": 4, "length": n} for n in (2, 4, 6, 8, 12, 16)]
+    rows += [{**ROW, "run": "long", "method": "looped", "stop": "oracle", "train_max": 8, "length": n,
+              "accuracy": 0.5} for n in (2, 4, 6, 8, 12, 16)]
+    agg = aggregate(rows)
+    table = summary(agg)
+    assert "| parity | ntp | 1.000 (1) @6 | 1.000 (1) @8 |" in table
+    assert "| parity | looped, oracle stop | 0.500 (1) @12 | 0.500 (1) @16 |" in table
+    assert "trained on lengths ≤ 8 (looped, oracle stop), 4 (ntp)" in markdown(agg)
