@@ -129,12 +129,10 @@ def read_state(path: Path) -> dict:
     return state
 
 
-def check_digest(file: Path) -> None:
-    """Compare `file` with the sha256 its checkpoint's state.json records. Checkpoints
-    written before digests were recorded, and files outside a checkpoint, are not checked."""
-    if not (file.parent / "state.json").is_file():
-        return
-    digests = read_state(file.parent).get("sha256")
+def check_digest(file: Path, digests: dict | None) -> None:
+    """Compare `file` with the sha256 in `digests`, its checkpoint state's "sha256" (callers
+    have read the state already). None: a checkpoint written before digests were recorded,
+    or a file outside a checkpoint, is not checked."""
     if digests is None:
         return
     if file.name not in digests:
@@ -143,8 +141,8 @@ def check_digest(file: Path) -> None:
         raise UserError(f"checkpoint file {file} is corrupt: its sha256 differs from the one recorded in state.json")
 
 
-def load_weights(module, file: Path) -> None:
-    check_digest(file)
+def load_weights(module, file: Path, digests: dict | None = None) -> None:
+    check_digest(file, digests)
     try:
         missing, unexpected = load_model(module, str(file), strict=False)
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:
@@ -153,8 +151,8 @@ def load_weights(module, file: Path) -> None:
         raise UserError(f"checkpoint {file} does not match the model (missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
 
 
-def load_optimizer(optimizer, file: Path) -> None:
-    check_digest(file)
+def load_optimizer(optimizer, file: Path, digests: dict | None = None) -> None:
+    check_digest(file, digests)
     try:
         saved = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # any failure here means the file is not a usable optimizer state

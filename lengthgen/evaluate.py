@@ -47,7 +47,8 @@ def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = T
     device = device or pick_device(cfg.train.device)
     model = method.build_model(cfg, task)
     weights = path / "ema.safetensors"
-    checkpoint.load_weights(model, weights if use_ema and weights.exists() else path / "model.safetensors")
+    checkpoint.load_weights(model, weights if use_ema and weights.exists() else path / "model.safetensors",
+                            state.get("sha256"))
     return cfg, task, method, model.to(device).eval(), state["step"]
 
 

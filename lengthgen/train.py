@@ -171,10 +171,11 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     if resume:
         path = checkpoint.latest(folder)
         state = checkpoint.read_state(path)
-        checkpoint.load_weights(model, path / "model.safetensors")
+        digests = state.get("sha256")
+        checkpoint.load_weights(model, path / "model.safetensors", digests)
         if ema is not None:
-            checkpoint.load_weights(ema, path / "ema.safetensors")
-        checkpoint.load_optimizer(optimizer, path / "optimizer.pt")
+            checkpoint.load_weights(ema, path / "ema.safetensors", digests)
+        checkpoint.load_optimizer(optimizer, path / "optimizer.pt", digests)
         checkpoint.restore_rng(path, state, data)
         step = state["step"]
         trained_seconds = _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
