@@ -22,7 +22,7 @@ install: $(VENV)/.installed
 # each, trained in parallel, then evaluated and reported. Finished runs are kept, so an
 # interrupted demo continues where it stopped.
 demo: install
-	$(BIN)/lengthgen reproduce looped --tasks parity --methods looped,ntp --seeds 1 --out $(DEMO)
+	$(BIN)/lengthgen reproduce looped --tasks parity --arms looped,ntp --seeds 1 --out $(DEMO)
 	@echo "demo report: $(DEMO)/report.md (figures beside it)"
 
 test: install

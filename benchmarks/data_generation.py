@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from lengthgen import config
+from lengthgen import presets
 from lengthgen.methods import get_method
 from lengthgen.tasks import TASKS, get_task
 from lengthgen.train import decay_params, sample_batch
@@ -51,7 +51,7 @@ def main() -> None:
         task = get_task(name)
         g = torch.Generator().manual_seed(0)
         rate = {n: args.batch / best_time(lambda n=n: task.sample(args.batch, n, g), args.repeats) for n in (20, 200)}
-        cfg = config.load(None, [f"task.name={name}", "task.train_max=20", f"model.d_model={args.width}",
+        cfg = presets.load(None, [f"task.name={name}", "task.train_max=20", f"model.d_model={args.width}",
                                  f"model.n_layer={args.layers}", f"model.n_head={args.heads}"])
         model = method.build_model(cfg, task)
         opt = torch.optim.AdamW(decay_params(model), lr=1e-4)

@@ -35,7 +35,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lengthgen import config, looped
+from lengthgen import looped, presets
 from lengthgen.looped import looped_loss
 from lengthgen.methods import get_method
 from lengthgen.tasks import get_task
@@ -62,7 +62,7 @@ def matmul_peak(dtype: torch.dtype, shape: tuple[int, int, int] = (2048, 2048, 2
 
 def build(task_name: str):
     depth, heads = PAPER[task_name]
-    cfg = config.load(None, ["method=looped", f"task.name={task_name}", "task.train_max=20", "model.d_model=256",
+    cfg = presets.load(None, ["method=looped", f"task.name={task_name}", "task.train_max=20", "model.d_model=256",
                              f"model.n_layer={depth}", f"model.n_head={heads}"])
     task, method = get_task(task_name), get_method("looped")
     torch.manual_seed(0)

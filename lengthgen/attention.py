@@ -127,10 +127,10 @@ class CausalSelfAttention(nn.Module):
         self.layer = layer  # passed to content schemes, which may hold per-layer parameters
         self.n_head = cfg.n_head
         self.d_model = cfg.d_model
-        self.dropout = cfg.dropout
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # q, k, v in one matmul
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual output projection
-        self.attn_drop = nn.Dropout(cfg.dropout)  # content path only; SDPA has its own dropout_p
+        self.attn_dropout = cfg.attn_dropout  # on the attention weights
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.attn_drop = nn.Dropout(cfg.attn_dropout)  # content path only; SDPA has its own dropout_p
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
@@ -147,7 +147,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         v = v.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         q, k = scheme.rotate(q, k, position_ids)
-        p = self.dropout if self.training else 0.0
+        p = self.attn_dropout if self.training else 0.0
 
         if scheme.has_content:
             logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme

@@ -30,7 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from .config import from_dict
+from .presets import from_dict
 from .errors import ConfigError, UserError
 
 LATEST = "latest"

@@ -28,14 +28,14 @@ def cmd_tasks(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from . import config
+    from . import presets
     from .train import train
 
     if args.resume and args.preset is None and args.out is None:
         raise UserError("--resume needs the run folder: lengthgen train --resume --out RUN_DIR")
     if args.resume and args.set:
         raise UserError("--set cannot change a run being resumed; its saved config is used")
-    cfg = config.load(args.preset, args.set)
+    cfg = presets.load(args.preset, args.set)
     folder = Path(args.out) if args.out else Path("runs") / f"{Path(args.preset).stem if args.preset else 'run'}-s{cfg.train.model_seed}"
     print(f"run folder: {folder}")
     summary = train(cfg, folder, resume=args.resume, force=args.force, progress=not args.no_progress)
@@ -43,8 +43,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .config import MAX_EVAL_SEED, parse_lengths
-    from .evaluate import evaluate_run, format_table, load_run
+    from .config import MAX_EVAL_SEED, parse_lengths, parse_override
+    from .evaluate import COLUMNS, evaluate_run, format_table, load_run, metric_names
 
     if args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
@@ -55,10 +55,21 @@ def cmd_eval(args) -> None:
     if args.lengths is None:
         args.lengths = load_run(args.run)[0].eval.lengths
     stops = args.stop.split(",") if args.stop else None
+    sweep = None
+    if args.sweep:
+        sweep = {}
+        for text in args.sweep:
+            option = parse_override(text)
+            (key, values), = option.items()
+            sweep[key] = values if isinstance(values, list) else [values]
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
-                        args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress)
-    for stop in dict.fromkeys(r["stop"] for r in rows):  # one table per rule, in the order given
-        print(format_table([r for r in rows if r["stop"] == stop]))
+                        args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep)
+    swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0]["task"])]
+    group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
+    for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
+        if swept:
+            print(", ".join(f"{k} = {v}" for k, v in zip(swept, key[1:])))
+        print(format_table([r for r in rows if group(r) == key]))
     print(f"wrote {Path(args.run) / 'eval.csv'}" + (f" and {Path(args.run) / 'per_step.csv'}" if args.per_step else ""))
 
 
@@ -68,17 +79,29 @@ def cmd_report(args) -> None:
     first = Path(args.dirs[0])
     out = Path(args.out or (first.parent if first.is_file() else first))  # RUN/eval.csv -> RUN
     command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
-    path = write_report(args.dirs, out, command=command)
+    from .report import DEFAULT_LAYOUT
+    figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap]
+    command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)])
+    path = write_report(args.dirs, out, command=command, layout={"figures": figures})
     print(path.read_text())
-    print(f"wrote {path}, {out / 'results.csv'} and {out / 'accuracy_vs_length.png'}")
+    print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
 
 
 def cmd_reproduce(args) -> None:
+    from .grid import describe
     from .reproduce import reproduce
 
+    if args.list:
+        print(describe(), end="")
+        return
+    if not args.paper:
+        raise UserError("name a paper to reproduce (lengthgen reproduce --list names them)")
+    if args.arms is not None and args.methods is not None:
+        raise UserError("--methods is another name for --arms; give one of them")
     # an empty list ("--tasks ,") is passed on, and refused, rather than read as "all of them"
     split = lambda text: None if text is None else [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
-    path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.methods),
+    path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.arms if args.methods is None
+                                                                                   else args.methods),
                      Path(args.out) if args.out else None, args.workers, args.samples, progress=not args.no_progress,
                      extra=args.set, threads=args.threads)
     print(path.read_text())
@@ -111,6 +134,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's eval.seed)")
     e.add_argument("--stop", help="looped methods: oracle (default), fixed:N, confidence[:T_MAX], "
                    "confidence-per-sample[:T_MAX[:PATIENCE]]; several, comma-separated, share one pass")
+    e.add_argument("--sweep", action="append", metavar="OPTION=[VALUES]",
+                   help="evaluate every value of a task option, e.g. --sweep 'symbols=[5, 10]' "
+                        "(default: the run's eval.sweep); rows carry a column per option")
     e.add_argument("--per-step", action="store_true",
                    help="looped methods: also record accuracy and confidence after every iteration -> per_step.csv")
     e.add_argument("--no-progress", action="store_true")
@@ -120,13 +146,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("dirs", nargs="+", help="run folders or folders containing runs")
     r.add_argument("--out", help="where to write report.md, results.csv and the figure "
                    "(default: the first DIR, or the folder of a CSV file given first)")
+    r.add_argument("--heatmap", action="append", default=[], metavar="COLUMN",
+                   help="also draw accuracy over length x COLUMN (a task option swept in evaluation)")
     r.set_defaults(func=cmd_report)
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
-    rp.add_argument("paper", help="looped")
-    rp.add_argument("--scale", default="cpu", help="cpu (minutes on 2 cores) or paper (published hyperparameters)")
-    rp.add_argument("--seeds", type=int, default=3)
-    rp.add_argument("--tasks", help="comma list (default: all of the paper's tasks)")
-    rp.add_argument("--methods", help="comma list (default: looped, ntp, looped-wo-injection)")
+    rp.add_argument("paper", nargs="?", help="a folder name under experiments/ (see --list) or a folder holding a grid.toml")
+    rp.add_argument("--list", action="store_true", help="name every paper with its scales, tasks and arms")
+    rp.add_argument("--scale", help="cpu (minutes on 2 cores; the default) or paper (published hyperparameters)")
+    rp.add_argument("--seeds", type=int, help="seeds per run (default: the grid's)")
+    rp.add_argument("--tasks", help="comma list (default: the grid's default tasks)")
+    rp.add_argument("--arms", help="comma list (default: the grid's default arms)")
+    rp.add_argument("--methods", help="another name for --arms")
     rp.add_argument("--out", help="output folder (default runs/reproduce-<paper>-<scale>)")
     rp.add_argument("--workers", type=int, default=2, help="runs trained in parallel")
     rp.add_argument("--threads", type=int, default=0,

@@ -1,14 +1,14 @@
-"""Typed configuration: dataclasses, TOML presets and `--set section.key=value`.
+"""Typed configuration as plain data: dataclasses, TOML presets and `--set section.key=value`.
 
-Every field is typed and commented. Loading checks every key and value and
-raises ConfigError with a one-line message naming the key; the CLI turns that
-into exit code 2 before anything is written.
+Every field is typed and commented. Reading checks every key and type and raises
+ConfigError with a one-line message naming the key; the CLI turns that into exit
+code 2 before anything is written. This module sits at the bottom of the import
+graph: checks that need the task, method, scheme or transform registries live in
+lengthgen.presets, which loads (reads and validates) a config.
 """
 from __future__ import annotations
 
 import difflib
-import inspect
-import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -37,11 +37,16 @@ class ModelConfig:
     d_model: int = 64  # embedding width
     n_layer: int = 2  # blocks in the stack (the looped block's depth for looped methods)
     n_head: int = 4  # attention heads; must divide d_model
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model (SwiGLU: of the linear and of the gate units)
     position: str = "nope"  # positional scheme: nope, learned, sinusoidal, rope, alibi
-    rope_theta: float = 10000.0  # RoPE base frequency
+    position_options: dict = field(default_factory=dict)  # the scheme's own settings, e.g. {theta = 500000.0} for rope
     max_positions: int = 2048  # table size of learned / sinusoidal positions
-    dropout: float = 0.0  # dropout on attention weights, residual and MLP outputs
+    norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out
+    mlp: str = "gelu"  # gelu (GPT-2) or swiglu
+    bias: bool = True  # biases in the blocks' linear layers (q/k/v, attention output, MLP)
+    residual: str = "pre-norm"  # pre-norm (x + f(norm(x))) or norm-before-add (x = norm(x); x + f(x))
+    dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
+    attn_dropout: float = 0.0  # dropout on the attention weights
     init: str = "gpt2"  # weight init: gpt2 (normal 0.02, scaled residual projections) or torch (torch's module defaults)
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
 
@@ -69,6 +74,8 @@ class TrainConfig:
     precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
     log_interval: int = 50  # steps between metric lines in metrics.jsonl
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
+    position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
+    position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
 
 
 @dataclass
@@ -77,6 +84,7 @@ class EvalConfig:
     samples: int = 512  # test samples per length
     batch_size: int = 256  # samples per forward pass
     seed: int = 1234  # evaluation data seed, fixed and separate from training
+    sweep: dict = field(default_factory=dict)  # task options varied in evaluation, e.g. {k = [2, 4]}: rows per value
 
 
 @dataclass
@@ -93,6 +101,11 @@ LENGTH_SAMPLING = ("per_sample", "per_batch")
 PRECISIONS = ("fp32", "bf16")
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+RESIDUALS = ("pre-norm", "norm-before-add")
+# keys of earlier versions: where they went (a saved run folder written by them still loads)
+MOVED = {"model.rope_theta": "model.position_options.theta"}
 MAX_THREADS = 1024  # far above any machine's cores; a huge value crashes torch
 MAX_SEED = 2**63  # seeds are 0 <= seed < MAX_SEED (torch takes 64-bit seeds)
 # eval seeds one generator per length with seed * 1_000_003 + length, which must stay below 2**64
@@ -123,6 +136,8 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in known:
+            if path in MOVED:
+                raise ConfigError(f"config key {path} is now {MOVED[path]}")
             full = [f"{prefix}{k}" for k in known]
             raise ConfigError(f"unknown config key {path}{_hint(path, full)}")
         if path == "eval.lengths" and isinstance(value, int) and not isinstance(value, bool):
@@ -132,8 +147,67 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path} is a section; set its keys, e.g. {path}.{next(iter(fields(current))).name}=...")
             _apply(current, value, prefix=f"{path}.")
+        elif isinstance(current, dict) and isinstance(value, dict):
+            # an options table merges key by key: `--set task.options.k=4` keeps the preset's other options
+            setattr(cfg, key, {**current, **value})
         else:
             setattr(cfg, key, _coerce(path, value, known[key].type))
+
+
+def _upgrade(data: dict) -> dict:
+    """A preset or saved config of an earlier version, in today's keys: model.rope_theta
+    became RoPE's own option (dropped for other schemes, which never read it)."""
+    model = data.get("model")
+    if isinstance(model, dict) and "rope_theta" in model:
+        model = dict(model)
+        theta = model.pop("rope_theta")
+        if model.get("position") == "rope" and theta != 10000.0:  # 10000 is RoPE's default
+            model["position_options"] = {"theta": theta, **model.get("position_options", {})}
+        data = {**data, "model": model}
+    return data
+
+
+def read(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- preset TOML <- --set overrides, parsed and typed but not validated
+    against the registries (lengthgen.presets.load does both)."""
+    cfg = Config()
+    if preset is not None:
+        path = Path(preset)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory, not a TOML file")
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (TOML files must be UTF-8)") from None
+        except OSError as err:
+            raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from None
+        _apply(cfg, _upgrade(data))
+    for text in overrides:
+        _apply(cfg, parse_override(text))
+    return cfg
+
+
+def from_data(data: dict) -> Config:
+    """A Config from a dict such as to_dict's (e.g. a checkpoint's), not validated."""
+    cfg = Config()
+    _apply(cfg, _upgrade(data))
+    return cfg
+
+
+def flat(data: dict, prefix: str = "") -> dict:
+    """{'model': {'position_options': {'theta': 1}}} -> {'model.position_options.theta': 1}:
+    every leaf under its dotted key (an empty table is a leaf)."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def parse_override(text: str) -> dict:
@@ -182,149 +256,32 @@ def parse_lengths(spec: str) -> list[int]:
     return list(lengths)
 
 
-def longest_sequence(cfg: Config) -> int:
-    """Tokens in the widest training sequence, measured on a fixed sample at task.train_max
-    (widths differ between samples of multiplication, binary_sum and unique_set)."""
-    import torch
-
-    from .methods import pause_batch
-    from .tasks import get_task
-
-    samples = max(1, min(256, 1_000_000 // cfg.task.train_max))  # bounded memory at huge lengths
-    batch = get_task(cfg.task.name, **cfg.task.options).sample(
-        samples, cfg.task.train_max, torch.Generator().manual_seed(0))
-    if cfg.method == "ntp-pause":  # T(n) pause tokens lengthen every sequence
-        batch = pause_batch(batch)
-    return batch.inputs.shape[1]
-
-
-def validate(cfg: Config) -> Config:
-    """Reject impossible values; each message names the key."""
-    from .methods import METHODS
-    from .positions import SCHEMES
-    from .tasks import TASKS
-
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
-
-    t, m, tr, ev = cfg.task, cfg.model, cfg.train, cfg.eval
-    for section in ("model", "train"):  # TOML has inf and nan: `train.lr=inf` would pass `> 0`
-        for f in fields(getattr(cfg, section)):
-            value = getattr(getattr(cfg, section), f.name)
-            check(f.type != "float" or math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value}")
-    check(cfg.method in METHODS, f"method {cfg.method!r} is unknown{_hint(cfg.method, METHODS)}; choose from {', '.join(METHODS)}")
-    check(t.name in TASKS, f"task.name {t.name!r} is unknown{_hint(t.name, TASKS)}; choose from {', '.join(TASKS)}")
-    check(t.train_min >= 1, f"task.train_min must be >= 1, got {t.train_min}")
-    check(t.train_max >= t.train_min, f"task.train_max ({t.train_max}) must be >= task.train_min ({t.train_min})")
-    check(t.train_max <= MAX_LENGTH, f"task.train_max must be <= {MAX_LENGTH}, got {t.train_max}")
-    check(m.position in SCHEMES, f"model.position {m.position!r} is unknown{_hint(m.position, SCHEMES)}; choose from {', '.join(SCHEMES)}")
-    for key in ("d_model", "n_layer", "n_head", "mlp_ratio", "max_positions"):
-        check(getattr(m, key) >= 1, f"model.{key} must be >= 1, got {getattr(m, key)}")
-    check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
-    check(m.position != "rope" or (m.d_model // m.n_head) % 2 == 0, "model.position rope needs an even head width (d_model / n_head)")
-    check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
-    check(m.init in INITS, f"model.init {m.init!r} is unknown{_hint(m.init, INITS)}; choose from {', '.join(INITS)}")
-    check(m.rope_theta > 0, f"model.rope_theta must be > 0, got {m.rope_theta}")
-    for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):
-        check(getattr(tr, key) >= 1, f"train.{key} must be >= 1, got {getattr(tr, key)}")
-    check(tr.lr > 0, f"train.lr must be > 0, got {tr.lr}")
-    check(tr.weight_decay >= 0, f"train.weight_decay must be >= 0, got {tr.weight_decay}")
-    check(len(tr.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                                     and 0 <= b < 1 for b in tr.betas),
-          f"train.betas must be two numbers in [0, 1), got {tr.betas}")
-    tr.betas = [float(b) for b in tr.betas]  # AdamW refuses ints: `[0, 0.99]` means [0.0, 0.99]
-    check(tr.grad_clip >= 0, f"train.grad_clip must be >= 0, got {tr.grad_clip}")
-    check(tr.schedule in SCHEDULES, f"train.schedule {tr.schedule!r} is unknown{_hint(tr.schedule, SCHEDULES)}; choose from {', '.join(SCHEDULES)}")
-    check(tr.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {tr.warmup_steps}")
-    check(tr.schedule != "constant" or tr.warmup_steps == 0,
-          f"train.warmup_steps ({tr.warmup_steps}) has no effect with train.schedule constant; "
-          "use cosine or curriculum_cosine, or set train.warmup_steps=0")
-    check(0 <= tr.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {tr.min_lr_ratio}")
-    check(tr.curriculum_start == 0 or t.train_min <= tr.curriculum_start <= t.train_max,
-          f"train.curriculum_start ({tr.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
-    check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
-    check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
-    check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
-    check(0 <= tr.threads <= MAX_THREADS, f"train.threads must be in 0..{MAX_THREADS}, got {tr.threads}")
-    for key in ("model_seed", "data_seed"):
-        check(0 <= getattr(tr, key) < MAX_SEED, f"train.{key} must be in [0, 2**63), got {getattr(tr, key)}")
-    check(0 <= ev.seed < MAX_EVAL_SEED, f"eval.seed must be in [0, 2**40), got {ev.seed}")
-    check(DEVICE_PATTERN.fullmatch(tr.device) is not None,
-          f"train.device {tr.device!r} must be auto, cpu, cuda, cuda:N or mps")
-    try:
-        parse_lengths(ev.lengths)
-    except ConfigError as err:  # its message starts "lengths ...": name the key
-        raise ConfigError(f"eval.{err}") from None
-    check(ev.samples >= 1, f"eval.samples must be >= 1, got {ev.samples}")
-    check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
-    from .tasks import get_task
-    accepted = [p for p in inspect.signature(TASKS[t.name].__init__).parameters if p != "self"]
-    for key in t.options:
-        check(key in accepted, f"task.options.{key} is not an option of {t.name}{_hint(key, accepted)}; "
-                               f"its options: {', '.join(accepted) or 'none'}")
-    try:
-        get_task(t.name, **t.options)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"task.options: {err}") from None
-    if m.position in TABLE_POSITIONS:  # a sequence past the table fails at the first step, after the run folder is made
-        longest = longest_sequence(cfg)
-        check(longest <= m.max_positions,
-              f"model.max_positions ({m.max_positions}) is shorter than the longest training sequence "
-              f"({longest} tokens at task.train_max {t.train_max}); set it to at least {longest}")
-    return cfg
-
-
-def load(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults <- preset TOML <- --set overrides, then validated."""
-    cfg = Config()
-    if preset is not None:
-        path = Path(preset)
-        if path.is_dir():
-            raise ConfigError(f"config file {path} is a directory, not a TOML file")
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise ConfigError(f"config file {path} is not UTF-8 text (TOML files must be UTF-8)") from None
-        except OSError as err:
-            raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path} is not valid TOML: {err}") from None
-        _apply(cfg, data)
-    for text in overrides:
-        _apply(cfg, parse_override(text))
-    return validate(cfg)
-
-
-def from_dict(data: dict) -> Config:
-    cfg = Config()
-    _apply(cfg, data)
-    return validate(cfg)
-
-
 def to_dict(cfg: Config) -> dict:
     return asdict(cfg)
 
 
-def _toml_value(value) -> str:
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else toml_value(key)
+
+
+def toml_value(value) -> str:
+    """A TOML literal of a value of a config (`--set` takes these)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML, loadable again as a preset."""
     data = to_dict(cfg)
-    lines = [f"method = {_toml_value(data.pop('method'))}"]
+    lines = [f"method = {toml_value(data.pop('method'))}"]
     for section, values in data.items():
         lines.append(f"\n[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"

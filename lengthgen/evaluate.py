@@ -10,27 +10,71 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
+import json
 import math
 import sys
+from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from .config import Config, from_dict
+from .config import Config
+from .presets import from_dict
 from .errors import UserError
-from .methods import Method, get_method, score
-from .tasks import Batch, Task, get_task
+from .methods import Method, get_method
+from .tasks import TASKS, Batch, Task, get_task, measure
 from .train import autocast, native_bf16, pick_device
 
-COLUMNS = ["run", "task", "method", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
+COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
            "stop_step", "train_max", "baseline", "step"]
-# stop: the looped model's stop rule ("" for methods without one); stop_step: mean read-out
-# iteration under that rule; n: test samples at this length; baseline: exact-match chance of
-# a uniform random guess; step: training step of the evaluated weights
-PER_STEP_COLUMNS = ["run", "task", "method", "position", "seed", "length", "n", "iteration", "accuracy",
+# arm: the reproduction arm that trained the run ("" outside a grid); stop: the looped model's stop
+# rule ("" for methods without one); stop_step: mean read-out iteration under that rule; n: test
+# samples at this length; baseline: exact-match chance of a uniform random guess; step: training
+# step of the evaluated weights. Beyond these a row may carry (see `row`): the run's labels from
+# RUN/series.json (config keys, dotted, e.g. task.options.k), the task options swept in evaluation
+# (eval.sweep, by option name) and the task's own metrics (Task.metric_names).
+METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged over seeds; tasks add theirs
+BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source")  # per run, not what tells series apart
+PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
                     "confidence", "oracle_step", "train_max"]
+LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its rows carry (written by reproduce)
+
+
+def metric_names(task: str) -> tuple[str, ...]:
+    """Every metric column of a task's rows: the common ones and the task's own."""
+    return METRICS + (TASKS[task].metric_names if task in TASKS else ())
+
+
+def cell(value) -> str:
+    """A label or option value as a CSV cell, spelt as in TOML (true, not True)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def read_labels(folder: Path) -> dict[str, str]:
+    """RUN/series.json as CSV cells ({} outside a reproduction); a damaged file is a UserError."""
+    path = Path(folder) / LABELS
+    if not path.exists():
+        return {}
+    try:
+        labels = json.loads(path.read_text())
+        if not isinstance(labels, dict) or not all(isinstance(k, str) for k in labels):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is unreadable ({err}); run the reproduction again to rewrite it") from None
+    return {k: cell(v) for k, v in labels.items()}
+
+
+def with_labels(rows: list[dict], labels: dict[str, str]) -> list[dict]:
+    """Rows carrying exactly `labels`: the arm, and the dotted config-key columns (older ones dropped)."""
+    out = []
+    for r in rows:
+        kept = {k: v for k, v in r.items() if "." not in k}
+        out.append({**kept, "arm": labels.get("arm", ""), **{k: v for k, v in labels.items() if k != "arm"}})
+    return out
 
 
 def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
@@ -77,40 +121,44 @@ def accuracy_at(task: Task, method: Method, model, length: int, samples: int, ba
     """(exact-match accuracy, token accuracy, mean read-out step) over `samples` test samples
     of one length; the step is NaN for methods without a stop rule."""
     results, _ = rules_at(task, method, model, length, samples, batch_size, seed, device, [stop])
-    return results[stop]
+    return tuple(results[stop][k] for k in METRICS)
 
 
 @torch.no_grad()
 def rules_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int, seed: int,
              device: torch.device, stops: list[str | None], per_step: bool = False) -> tuple[dict, list[dict]]:
-    """({stop: (exact, token accuracy, mean step)}, per-step rows) on one length's test samples.
+    """({stop: {metric: mean over the samples}}, per-step rows) on one length's test samples;
+    the metrics are accuracy (exact match), token_accuracy, stop_step (NaN without a stop
+    rule) and the task's own.
 
     With several looped rules or `per_step`, each batch runs once to the longest
     iteration any of them needs (`stopping.trace`) and every rule is read out of
-    that pass: the same choices as the rules' own functions at a fraction of the
-    cost. A lone rule runs its own function (per-sample confidence then retires
+    that pass: the same choices as the rules' own passes at a fraction of the
+    cost. A lone rule runs its own pass (per-sample confidence then retires
     finished samples). The per-step rows hold accuracy and confidence after every
     iteration t <= 2 T(n)."""
-    from .stopping import default_t_max, readout, steps_needed, trace
+    from .stopping import default_t_max, parse_rule, readout, trace
 
-    sums = {stop: [0.0, 0.0, 0.0] for stop in stops}
+    rules = [None if stop is None else parse_rule(stop) for stop in stops]
+    task_metrics = (lambda pred, b: task.metrics(pred, b)) if task.metric_names else None
+    sums = {stop: defaultdict(float) for stop in stops}
     curve = None  # per-step sums over samples: exact (T,), confidence (T,)
     oracle_sum = 0.0
     for batch in eval_batches(task, length, samples, batch_size, seed, device):
         tr = None
         if per_step or len(stops) > 1:
-            needs = [steps_needed(batch, s) for s in stops] + ([default_t_max(batch)] if per_step else [])
-            tr = trace(model, batch, max(needs))
-        for stop in stops:
-            got = readout(tr, batch, stop) if tr is not None else None
+            needs = [rule.steps_needed(batch) for rule in rules] + ([default_t_max(batch)] if per_step else [])
+            tr = trace(model, batch, max(needs), task_metrics)
+        for stop, rule in zip(stops, rules):
+            got = readout(tr, batch, rule) if tr is not None else None
             if got is None:
-                pred, steps = (method.predict(model, batch), None) if stop is None else \
-                    method.predict_stop(model, batch, stop)
-                got = (*score(pred, batch), steps)
-            exact, token, steps = got
-            sums[stop][0] += float(exact.float().sum())
-            sums[stop][1] += float(token.sum())
-            sums[stop][2] += float(steps.float().sum()) if steps is not None else math.nan
+                pred, steps = (method.predict(model, batch), None) if rule is None else \
+                    method.predict_stop(model, batch, rule)
+                got = (measure(task, pred, batch), steps)
+            values, steps = got
+            for name, value in values.items():
+                sums[stop][name] += float(value.float().sum())
+            sums[stop]["stop_step"] += float(steps.float().sum()) if steps is not None else math.nan
         if per_step:
             t = default_t_max(batch)  # T(n) can differ between batches (multiplication): keep the common steps
             exact, conf = tr.exact[:t].float().sum(1), tr.confidence[:t].sum(1)
@@ -119,29 +167,35 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
                 exact, conf = exact[:t] + curve[0][:t], conf[:t] + curve[1][:t]
             curve = (exact, conf)
             oracle_sum += float(batch.n_steps.float().sum())
-    results = {stop: tuple(v / samples for v in sums[stop]) for stop in stops}
+    results = {stop: {name: total / samples for name, total in sums[stop].items()} for stop in stops}
     steps_rows = [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / samples,
                    "confidence": float(c) / samples, "oracle_step": oracle_sum / samples}
                   for t, (a, c) in enumerate(zip(*curve))] if per_step else []
     return results, steps_rows
 
 
+def sweep_variants(sweep: dict) -> list[dict]:
+    """eval.sweep {option: [values]} -> one {option: value} per combination ([{}] without one)."""
+    return [dict(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
+
+
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
                  seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
-                 progress: bool = True) -> list[dict]:
-    """Evaluate a run at `lengths` under each stop rule in `stops` (looped methods; default
-    oracle); write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
+                 progress: bool = True, sweep: dict | None = None) -> list[dict]:
+    """Evaluate a run at `lengths` under each stop rule in `stops` (methods with stop rules;
+    default oracle), for every combination of the task options in `sweep` (default the
+    run's eval.sweep); write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
     folder = Path(folder)
     lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     cfg, task, method, model, step = load_run(folder)
+    labels = read_labels(folder)
     # read before the long evaluation: an unreadable old file must stop us now, not after it
     old = read_rows(folder / "eval.csv") if (folder / "eval.csv").exists() else []
-    looped = hasattr(method, "predict_stop")
-    if stops and not looped:
-        raise UserError(f"--stop applies to looped methods; {folder} was trained with method {cfg.method!r}")
-    if per_step and not looped:
-        raise UserError(f"--per-step applies to looped methods; {folder} was trained with method {cfg.method!r}")
-    if looped:
+    if stops and not method.has_stop_rules:
+        raise UserError(f"--stop applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
+    if per_step and not method.has_stop_rules:
+        raise UserError(f"--per-step applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
+    if method.has_stop_rules:
         from .stopping import parse_rule
         stops = list(dict.fromkeys(stops or ["oracle"]))  # a rule given twice is evaluated once
         try:
@@ -150,6 +204,15 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         except ValueError as err:
             raise UserError(str(err)) from None
     stops = stops or [None]
+    if sweep is not None and sweep != cfg.eval.sweep:  # given for this evaluation (--sweep): check it as eval.sweep
+        from .presets import check_sweep
+        check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)))
+    sweep = cfg.eval.sweep if sweep is None else sweep
+    clash = set(sweep) & (set(COLUMNS) | set(metric_names(cfg.task.name)) | set(labels))
+    if clash:
+        raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
+    variants = sweep_variants(sweep)
+    tasks = [get_task(cfg.task.name, **{**cfg.task.options, **options}) if options else task for options in variants]
     device = next(model.parameters()).device
     precision = cfg.train.precision
     if precision == "bf16" and not native_bf16(device):  # the weights are fp32: evaluate them as they are
@@ -159,29 +222,55 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     seed = cfg.eval.seed if seed is None else seed
     batch_size = batch_size or cfg.eval.batch_size
     rows, steps_rows = [], []
-    for length in tqdm(lengths, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
+    cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
+    for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
             with autocast(device, precision):
-                results, curve = rules_at(task, method, model, length, samples, batch_size, seed, device,
+                results, curve = rules_at(variant, method, model, length, samples, batch_size, seed, device,
                                           stops, per_step)
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
-        steps_rows += curve
-        rows += [row(folder, cfg, length, samples, *results[stop][:2], task.random_baseline(length), step,
-                     stop, results[stop][2]) for stop in stops]
-    write_rows(folder / "eval.csv", rows, old)
+        ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
+                 "seed": cfg.train.model_seed, "train_max": cfg.task.train_max,
+                 **{k: cell(v) for k, v in options.items()}}
+        steps_rows += [{**ident, **r} for r in curve]
+        rows += [row(folder, cfg, length, samples, results[stop], variant.random_baseline(length), step, stop, options)
+                 for stop in stops]
+    rows = with_labels(rows, labels)
+    write_rows(folder / "eval.csv", rows, with_labels(old, labels), list(sweep))
     if per_step:
-        ident = {k: v for k, v in rows[0].items() if k in PER_STEP_COLUMNS}
-        write_csv(folder / "per_step.csv", [{**ident, **r} for r in steps_rows], PER_STEP_COLUMNS)
+        steps_rows = with_labels(steps_rows, labels)
+        write_csv(folder / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))
     return rows
 
 
-def row(folder: Path, cfg: Config, length: int, samples: int, acc: float, tok: float,
-        baseline: float, step: int, stop: str | None = None, stop_step: float = math.nan) -> dict:
-    return {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
-            "stop": stop or "", "seed": cfg.train.model_seed, "length": length, "n": samples, "accuracy": acc,
-            "token_accuracy": tok, "stop_step": stop_step, "train_max": cfg.task.train_max,
-            "baseline": baseline, "step": step}
+def relabel(folder: Path) -> None:
+    """Give RUN/eval.csv and RUN/per_step.csv the labels RUN/series.json holds now (a grid that
+    gained an arm may tell its series apart by more config keys), without evaluating again."""
+    folder, labels = Path(folder), read_labels(folder)
+    for name, read, columns in (("eval.csv", read_rows, COLUMNS), ("per_step.csv", read_per_step, PER_STEP_COLUMNS)):
+        path = folder / name
+        if path.exists():
+            rows = read(path)
+            new = with_labels(rows, labels)
+            if new != rows:
+                write_csv(path, new, columns_of(new, columns))
+
+
+def row(folder: Path, cfg: Config, length: int, samples: int, values: dict, baseline: float, step: int,
+        stop: str | None = None, options: dict | None = None) -> dict:
+    """One eval.csv row: the run, one length (and swept task options), one stop rule, `values`
+    {metric: mean} (the metrics of `rules_at`)."""
+    return {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "arm": "", "position": cfg.model.position,
+            "stop": stop or "", "seed": cfg.train.model_seed, "length": length, "n": samples, "stop_step": math.nan,
+            **values, "train_max": cfg.task.train_max, "baseline": baseline, "step": step,
+            **{k: cell(v) for k, v in (options or {}).items()}}
+
+
+def columns_of(rows: list[dict], first: list[str]) -> list[str]:
+    """`first`, then every other column any row has (labels, swept options, task metrics), sorted."""
+    extra = sorted({k for r in rows for k in r} - set(first) - {"source"})
+    return list(first) + extra
 
 
 def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tuple[str, ...],
@@ -213,30 +302,41 @@ def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tu
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of an eval.csv, typed."""
-    return read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
-                      ("accuracy", "token_accuracy", "baseline", "stop_step"), {"stop": "", "stop_step": "nan"})
+    """The rows of an eval.csv, typed (the task's own metric columns as floats too; labels and
+    swept options stay text)."""
+    rows = read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
+                      ("accuracy", "token_accuracy", "baseline", "stop_step"),
+                      {"stop": "", "stop_step": "nan", "arm": ""})
+    for line, r in enumerate(rows, start=2):
+        for name in metric_names(r["task"])[len(METRICS):]:
+            try:
+                r[name] = float(r.get(name, "nan") or "nan")
+            except ValueError:
+                raise UserError(f"{path} line {line}: {name} is {r[name]!r}, not a number "
+                                "(truncated or edited? evaluate the run again)") from None
+    return rows
 
 
 def read_per_step(path: Path) -> list[dict]:
     """The rows of a per_step.csv, typed."""
     return read_table(path, PER_STEP_COLUMNS, ("seed", "length", "n", "iteration", "train_max"),
-                      ("accuracy", "confidence", "oracle_step"))
+                      ("accuracy", "confidence", "oracle_step"), {"arm": ""})
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """Atomically; a column a row lacks (a file written before it existed) is left empty."""
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        writer.writerows({k: r[k] for k in columns} for r in rows)
+        writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
     tmp.replace(path)
 
 
-def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None) -> None:
+def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None, swept: list[str] = ()) -> None:
     """Merge into an existing eval.csv (its rows `old`, read from `path` when None): new rows
-    replace old ones of the same (length, stop), and old rows of another checkpoint step are
-    dropped, so that the file describes one set of weights."""
+    replace old ones of the same (length, stop, swept option values), and old rows of another
+    checkpoint step are dropped, so that the file describes one set of weights."""
     path = Path(path)
     if old is None:
         old = read_rows(path) if path.exists() else []
@@ -246,19 +346,26 @@ def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None) -> N
         steps = ", ".join(map(str, sorted({r["step"] for r in stale})))
         print(f"note: dropped {len(stale)} row(s) of {path} evaluated at step {steps}; "
               f"these weights are step {step}", file=sys.stderr)
-    new_keys = {(r["length"], r["stop"]) for r in rows}
-    kept = [r for r in old if r["step"] == step and (r["length"], r["stop"]) not in new_keys]
-    write_csv(path, sorted(kept + rows, key=lambda r: (r["stop"], r["length"])), COLUMNS)
+    key = lambda r: (r["stop"], *(str(r.get(k, "")) for k in swept), r["length"])  # noqa: E731
+    new_keys = {key(r) for r in rows}
+    kept = [r for r in old if r["step"] == step and key(r) not in new_keys]
+    merged = sorted(kept + rows, key=key)
+    write_csv(path, merged, columns_of(merged, COLUMNS))
 
 
 def format_table(rows: list[dict]) -> str:
-    """Plain-text table of one run's rows, lengths beyond training marked."""
+    """Plain-text table of one run's rows (one stop rule and swept option values), lengths
+    beyond training marked; the task's own metrics as further columns."""
     stop = rows[0]["stop"]
-    lines = [f"{'length':>7}  {'accuracy':>8}  {'token_acc':>9}  {'random':>8}" + ("  stop_step" if stop else "")]
+    own = metric_names(rows[0]["task"])[len(METRICS):]
+    lines = [f"{'length':>7}  {'accuracy':>8}  {'token_acc':>9}" + "".join(f"  {m:>10}" for m in own)
+             + f"  {'random':>8}" + ("  stop_step" if stop else "")]
     for r in rows:
         mark = " *" if r["length"] > r["train_max"] else ""
         at = f"  {r['stop_step']:>9.2f}" if stop else ""
-        lines.append(f"{r['length']:>7}  {r['accuracy']:>8.4f}  {r['token_accuracy']:>9.4f}  {r['baseline']:>8.2g}{at}{mark}")
+        mine = "".join(f"  {r[m]:>10.4f}" for m in own)
+        lines.append(f"{r['length']:>7}  {r['accuracy']:>8.4f}  {r['token_accuracy']:>9.4f}{mine}  "
+                     f"{r['baseline']:>8.2g}{at}{mark}")
     if stop:
         lines.append(f"stop rule: {stop}")
     if any(r["length"] > r["train_max"] for r in rows):

@@ -46,7 +46,7 @@ def take_rows(pos: Tensor, index) -> Tensor:
 
 def scored_width(batch: Batch) -> Tensor:
     """(B,) columns each sample needs: one past its last scored position."""
-    return batch.question_len + batch.scored.sum(1) - 1
+    return batch.widths
 
 
 class LoopedTransformer(Transformer):

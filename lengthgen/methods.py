@@ -34,10 +34,21 @@ from .tasks import BLANK, IGNORE, PAD, Batch, Task
 
 
 class Method:
+    """What callers may ask of a method instead of comparing names:
+    `has_stop_rules`: `predict_stop(model, batch, rule)` reads out a looped model under a
+    rule of lengthgen.stopping, and `--stop` / `--per-step` apply;
+    `accepts_position_ids`: the model reads `Batch.position_ids` (task or transform IDs);
+    `model_batch(batch)`: the batch as the model reads it (for sizing position tables)."""
+
     name = ""
+    has_stop_rules = False
+    accepts_position_ids = True
 
     def build_model(self, cfg: Config, task: Task) -> nn.Module:
         return Transformer(cfg.model, task.vocab_size)
+
+    def model_batch(self, batch: Batch) -> Batch:
+        return batch
 
     def logits(self, model: nn.Module, batch: Batch) -> Tensor:  # (B, L, V)
         raise NotImplementedError
@@ -61,6 +72,7 @@ class NextTokenPrediction(Method):
 
 class Looped(Method):
     name = "looped"
+    has_stop_rules = True
     injection = True
     loss_scheme = "prefix"  # or "max" (the authors' way): same loss and gradients, more compute
 
@@ -73,8 +85,8 @@ class Looped(Method):
     def loss(self, model, batch):  # the same value as Method.loss, without padding the logits
         return looped_loss(model, batch, self.loss_scheme)
 
-    def predict_stop(self, model, batch: Batch, rule: str = "oracle") -> tuple[Tensor, Tensor]:
-        """(pred (B, L), read-out step (B,)) under a stop rule, see lengthgen.stopping."""
+    def predict_stop(self, model, batch: Batch, rule="oracle") -> tuple[Tensor, Tensor]:
+        """(pred (B, L), read-out step (B,)) under a stop rule (text or StopRule), see lengthgen.stopping."""
         from .stopping import predict_stop
         return predict_stop(model, batch, rule)
 
@@ -125,6 +137,10 @@ def pause_batch(batch: Batch, n_pause: Tensor | None = None) -> Batch:
 
 class NTPPause(Method):
     name = "ntp-pause"
+    accepts_position_ids = False  # pause_batch lays the sequence out anew
+
+    def model_batch(self, batch):
+        return pause_batch(batch)
 
     def logits(self, model, batch):
         """(B, L, V) in the original layout: scored position j of row b reads
@@ -144,12 +160,3 @@ METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped
 
 def get_method(name: str) -> Method:
     return METHODS[name]()
-
-
-def score(pred: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
-    """Per-sample (exact match, token accuracy) over the scored positions."""
-    scored = batch.scored
-    right = (pred == batch.targets) & scored
-    exact = (right | ~scored).all(1)
-    token = right.sum(1).float() / scored.sum(1).clamp(min=1)
-    return exact, token

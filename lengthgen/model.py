@@ -1,4 +1,11 @@
-"""GPT-2 style pre-LayerNorm transformer, nanoGPT-sized.
+"""GPT-2 style transformer, nanoGPT-sized, with the block variants as config.
+
+Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | swiglu
+(hidden width mlp_ratio * d_model, for both the linear and the gate units of
+SwiGLU); `bias` in the blocks' linear layers; `residual` pre-norm
+(x + f(norm(x)), GPT-2) | norm-before-add (x = norm(x); x + f(x), the TRA
+notebook's block); `dropout` on the residual stream and `attn_dropout` on the
+attention weights. The defaults are GPT-2's block.
 
 The forward pass is split into `embed`, `run_blocks` and `head` because the
 looped model reuses them: it embeds once, applies the blocks T times with
@@ -10,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import CausalSelfAttention, Packed
@@ -17,33 +25,66 @@ from .config import ModelConfig
 from .positions import PositionalScheme, build_scheme, default_position_ids
 
 
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm (weight and bias) or RMSNorm (x / sqrt(mean(x^2) + eps) * weight, eps the
+    dtype's machine epsilon), over the last dimension."""
+    return nn.LayerNorm(cfg.d_model) if cfg.norm == "layernorm" else nn.RMSNorm(cfg.d_model)
+
+
 class MLP(nn.Module):
+    """GPT-2: c_proj(gelu(c_fc(x)))."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
-        self.c_fc = nn.Linear(cfg.d_model, hidden)
+        self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(hidden, cfg.d_model)  # residual output projection
+        self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, D)
 
 
+class SwiGLU(nn.Module):
+    """Shazeer 2020: c_proj(silu(c_gate(x)) * c_fc(x)), hidden width mlp_ratio * d_model."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # linear units
+        self.c_gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # gate units
+        self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x)))  # (B, T, D)
+
+
+MLPS = {"gelu": MLP, "swiglu": SwiGLU}
+
+
 class Block(nn.Module):
-    """x = x + attn(ln1(x)); x = x + mlp(ln2(x))."""
+    """pre-norm: x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
+    norm-before-add: x = ln1(x); x = x + attn(x); x = ln2(x); x = x + mlp(x)."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.pre_norm = cfg.residual == "pre-norm"
+        self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, layer)
-        self.ln_2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg)
+        self.ln_2 = make_norm(cfg)
+        self.mlp = MLPS[cfg.mlp](cfg)
 
     def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
                 packed: Packed | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), scheme, position_ids, packed)
-        return x + self.mlp(self.ln_2(x))
+        if self.pre_norm:
+            x = x + self.attn(self.ln_1(x), scheme, position_ids, packed)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x)
+        x = x + self.attn(x, scheme, position_ids, packed)
+        x = self.ln_2(x)
+        return x + self.mlp(x)
 
 
 class Transformer(nn.Module):
@@ -62,7 +103,7 @@ class Transformer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.scheme = scheme if scheme is not None else build_scheme(cfg)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # one (V, D) matrix reads in and out

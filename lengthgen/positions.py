@@ -136,14 +136,16 @@ class RoPE(PositionalScheme):
     the same function up to a fixed permutation of the head dimensions.
     """
 
-    def __init__(self, cfg: ModelConfig, style: str = "half"):
+    def __init__(self, cfg: ModelConfig, theta: float = 10000.0, style: str = "half"):
         super().__init__(cfg)
         if self.head_dim % 2:
             raise ValueError(f"rope needs an even head width, got d_model/n_head = {self.head_dim}")
         if style not in ("half", "interleaved"):
             raise ValueError(f"rope style must be half or interleaved, got {style!r}")
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+            raise ValueError(f"rope theta must be a finite number > 0, got {theta!r}")
         self.style = style
-        inv_freq = cfg.rope_theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        inv_freq = float(theta) ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,)
 
     def cos_sin(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -195,7 +197,8 @@ class ALiBi(PositionalScheme):
         return -self.slopes[None, :, None, None] * dist[:, None]  # (B|1, H, T, T)
 
 
-# Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here.
+# Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's
+# own settings are keyword arguments after `cfg` (model.position_options, checked against them).
 SCHEMES: dict[str, type[PositionalScheme]] = {
     "nope": PositionalScheme,
     "learned": LearnedPositions,
@@ -208,4 +211,4 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
 def build_scheme(cfg: ModelConfig) -> PositionalScheme:
     if cfg.position not in SCHEMES:
         raise ValueError(f"model.position {cfg.position!r} is unknown; choose from {', '.join(SCHEMES)}")
-    return SCHEMES[cfg.position](cfg)
+    return SCHEMES[cfg.position](cfg, **cfg.position_options)

@@ -1,14 +1,15 @@
-"""`lengthgen reproduce looped`: every run of a paper's comparison, then one report.
+"""`lengthgen reproduce PAPER`: every run of a paper's grid, then one report.
 
-A reproduction is a grid of runs (task x method x seed). Each run is trained
-from the task's preset (experiments/looped/<scale>/<task>.toml) with the
-method's overrides (experiments/looped/methods.toml), evaluated at the
-preset's test lengths, and aggregated into DIR/report.md, DIR/results.csv and
-figures. Independent runs go to worker processes. A run that has finished
-training is not trained again, and its evaluation is kept when eval.done records
-the same evaluation settings and eval.csv is readable; one with a checkpoint
-resumes, so an interrupted reproduction continues where it stopped; a failing
-run is reported and does not stop the others.
+A reproduction is declared in experiments/<paper>/grid.toml (lengthgen.grid):
+tasks with a preset per scale, arms (config overrides + how to evaluate them),
+optional axes, seeds and the report's layout. Each run is trained from its
+task's preset with its arm's and axes' overrides, evaluated at the preset's
+test lengths, and aggregated into DIR/report.md, DIR/results.csv and figures.
+Independent runs go to worker processes. A run that has finished training is
+not trained again, and its evaluation is kept when eval.done records the same
+evaluation settings and eval.csv is readable; one with a checkpoint resumes, so
+an interrupted reproduction continues where it stopped; a failing run is
+reported and does not stop the others.
 """
 from __future__ import annotations
 
@@ -22,47 +23,16 @@ import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .config import load, parse_lengths, parse_override, to_dict, tomllib
+from . import grid as grids
+from .config import flat, parse_lengths, parse_override, to_dict
 from .errors import UserError
-from .methods import METHODS
-
-ROOT = Path(__file__).resolve().parents[1] / "experiments"
-PAPERS = {"looped": {"tasks": ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set"],
-                     "methods": ["looped", "ntp", "looped-wo-injection"],
-                     "title": "Looped Transformers (Fan et al., ICLR 2025)"}}
-SCALES = ("cpu", "paper")
-
-
-@dataclass
-class Job:
-    task: str
-    method: str
-    seed: int
-    preset: str
-    overrides: list[str]
-    folder: str
-    stops: list[str] = field(default_factory=list)  # stop rules to evaluate (looped methods)
-    per_step: bool = False
-    samples: int = 0  # test samples per length; 0 = the preset's eval.samples
-    threads: int = 1
-
-
-RUNTIME_KEYS = {"train.threads", "train.device"}  # how a run executes, not what it computes
-# set per run by the grid itself (--seeds, --threads): a --set of these would be overridden
-PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
-
-
-def _flat(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) and key != "options"
-                   else {f"{prefix}{key}": value})
-    return out
+from .evaluate import LABELS
+from .grid import PER_RUN_KEYS, RUNTIME_KEYS, Job
+from .presets import load
 
 
 def config_difference(folder: Path, cfg) -> str | None:
@@ -72,50 +42,11 @@ def config_difference(folder: Path, cfg) -> str | None:
     saved = folder / "config.toml"
     if not saved.is_file():
         return None
-    old, new = _flat(to_dict(load(saved))), _flat(to_dict(cfg))
-    for key, value in new.items():
-        if key not in RUNTIME_KEYS and old.get(key) != value:
-            return f"{key} is {old.get(key)!r} there, {value!r} here"
+    old, new = flat(to_dict(load(saved))), flat(to_dict(cfg))
+    for key in sorted(set(old) | set(new)):
+        if key not in RUNTIME_KEYS and old.get(key) != new.get(key):
+            return f"{key} is {old.get(key)!r} there, {new.get(key)!r} here"
     return None
-
-
-def method_overrides(paper: str, scale: str, method: str, block_depth: int) -> list[str]:
-    """--set strings for `method` from experiments/<paper>/methods.toml."""
-    path = ROOT / paper / "methods.toml"
-    table = tomllib.loads(path.read_text()).get(scale, {}).get(method)
-    if table is None:
-        raise UserError(f"{path} has no [{scale}.{method}] table")
-    sets = [f"method={method}"]
-    for key, value in table.items():
-        if key == "depth_multiplier":  # e.g. ntp: a plain stack k times the looped block's depth
-            sets.append(f"model.n_layer={int(value) * block_depth}")
-        else:
-            sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={str(value).lower()}")
-    return sets
-
-
-def plan(paper: str, scale: str, tasks: list[str], methods: list[str], seeds: int, out: Path,
-         workers: int, samples: int = 0, extra: list[str] | None = None, threads: int = 0) -> list[Job]:
-    """`threads`: torch threads per run; 0 shares the machine's cores among the workers."""
-    jobs = []
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    for task in tasks:
-        preset = ROOT / paper / scale / f"{task}.toml"
-        if not preset.is_file():
-            raise UserError(f"no preset {preset} for task {task!r} at scale {scale!r}")
-        base = load(preset)
-        for method in methods:
-            sets = method_overrides(paper, scale, method, base.model.n_layer) + list(extra or [])
-            load(preset, sets)  # fail now, in the parent, on a bad preset or override
-            looped = method.startswith("looped")
-            stops = (["oracle", "confidence", "confidence-per-sample"] if task in ("parity", "copy") else ["oracle"]) \
-                if looped else []
-            for seed in range(seeds):
-                jobs.append(Job(task, method, seed, str(preset),
-                                sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
-                                str(out / "runs" / f"{task}-{method}-s{seed}"), stops,
-                                per_step=looped and task in ("parity", "copy"), samples=samples, threads=threads))
-    return jobs
 
 
 def write_timing(path: Path, results: list[dict]) -> None:
@@ -168,7 +99,7 @@ def set_aside_if_unreadable(path: Path) -> None:
 
 # What a training killed before its first checkpoint leaves (checkpoint.save writes into
 # hidden .tmp folders): such a folder holds no result and may be started afresh.
-UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints"}
+UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", LABELS}
 
 
 def unstarted(folder: Path) -> bool:
@@ -186,7 +117,7 @@ def run_job(job: Job) -> dict:
     import torch
 
     from . import checkpoint
-    from .evaluate import evaluate_run
+    from .evaluate import evaluate_run, relabel
     from .train import is_finished, train
 
     torch.set_num_threads(job.threads)
@@ -208,6 +139,11 @@ def run_job(job: Job) -> dict:
                 raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
                                 "move or delete that folder to train the run again")
             train(cfg, folder, resume=resume, force=not resume, progress=False)
+        labels = folder / LABELS  # the row labels, written after training (which may start the folder afresh)
+        if not labels.is_file() or json.loads(labels.read_text() or "null") != job.labels:
+            labels.write_text(json.dumps(job.labels) + "\n")
+            if skipped:
+                relabel(folder)
         if not skipped:
             done.unlink(missing_ok=True)  # an interrupted evaluation must not look finished
             set_aside_if_unreadable(folder / "eval.csv")
@@ -244,44 +180,69 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
-def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] | None = None,
-              methods: list[str] | None = None, out: Path | None = None, workers: int = 2,
+def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,
+              arms: list[str] | None = None, out: Path | None = None, workers: int = 2,
               samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0) -> Path:
-    """`extra`: KEY=VALUE config overrides applied to every run (after the method's)."""
-    if paper not in PAPERS:
-        raise UserError(f"unknown paper {paper!r}; choose from {', '.join(PAPERS)}")
-    if scale not in SCALES:
-        raise UserError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) at
+    `scale` (default: cpu, or the grid's first scale) and write its report. `extra`: KEY=VALUE
+    config overrides applied to every run (after the arm's)."""
+    from .report import DEFAULT_LAYOUT, figure_specs, write_report
+
+    grid = grids.find(paper)
+    scale = scale or ("cpu" if "cpu" in grid.scales else grid.scales[0])
+    if scale not in grid.scales:
+        raise UserError(f"unknown scale {scale!r} for {grid.name}; choose from {', '.join(grid.scales)}")
+    spec = grid.resolved(scale)
+    seeds = spec.get("seeds", 3) if seeds is None else seeds
     if seeds < 1 or workers < 1 or threads < 0:
         raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     if samples < 0:
         raise UserError(f"--samples must be >= 1 (or 0 for the presets' own), got {samples}")
     for setting in extra or []:  # flattened, so an inline table (train={threads=1}) is caught too
-        for key in _flat(parse_override(setting)):
+        for key in flat(parse_override(setting)):
             if key in PER_RUN_KEYS:
                 raise UserError(f"--set {key} is set per run by reproduce; use {PER_RUN_KEYS[key]} instead")
-    spec = PAPERS[paper]
     chosen = {}
-    for name, given, valid in (("task", tasks, spec["tasks"]), ("method", methods, list(METHODS))):
+    for kind, given in (("tasks", tasks), ("arms", arms)):
         if given is not None and not given:
-            raise UserError(f"--{name}s names no {name}; leave it out to run all of them")
-        given = list(dict.fromkeys(given or spec[f"{name}s"]))  # a name given twice is one run, not two
-        bad = [c for c in given if c not in valid]
+            raise UserError(f"--{kind} names no {kind[:-1]}; leave it out to run the default ones")
+        given = list(dict.fromkeys(given or grid.defaults(scale, kind)))  # a name given twice is one run, not two
+        bad = [c for c in given if c not in spec[kind]]
         if bad:
-            raise UserError(f"unknown {name} {bad[0]!r} for {paper}; choose from {', '.join(valid)}")
-        chosen[name] = given
-    tasks, methods = chosen["task"], chosen["method"]
-    out = Path(out or f"runs/reproduce-{paper}-{scale}")
+            raise UserError(f"unknown {kind[:-1]} {bad[0]!r} for {grid.name}; choose from {', '.join(spec[kind])}")
+        chosen[kind] = given
+    tasks, arms = chosen["tasks"], chosen["arms"]
+    layout = {**DEFAULT_LAYOUT, **spec.get("report", {})}
+    figure_specs(layout)  # a bad figure in the grid stops here, before any run
+    out = Path(out or f"runs/reproduce-{grid.name}-{scale}")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
-    jobs = plan(paper, scale, tasks, methods, seeds, out, workers, samples, extra, threads)
+    jobs = grids.plan(grid, scale, tasks, arms, seeds, out, workers, samples, extra, threads)
     from .train import check_precision, pick_device
     settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
     for device, precision in settings:  # refuse here once, not in every worker
         check_precision(pick_device(device), precision)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(methods)} methods x {seeds} seeds) in {out}/runs, "
+    axes = " x axis values" if any(grid.axes(scale, task) for task in tasks) else ""
+    print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(arms)} arms{axes} x {seeds} seeds) in {out}/runs, "
           f"{workers} worker(s)", file=sys.stderr)
+    results = run_all(jobs, workers, progress)
+    failed = [r for r in results if not r["ok"]]
+    (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
+    write_timing(out / "timing.csv", results)
+    command = shlex.join(["lengthgen", "reproduce", paper, "--scale", scale, "--seeds", str(seeds),
+                          "--tasks", ",".join(tasks), "--arms", ",".join(arms), "--out", str(out)]
+                         + (["--samples", str(samples)] if samples else [])
+                         + [arg for e in extra or [] for arg in ("--set", e)])
+    evaluated = [Path(r["folder"]) for r in results if r["ok"]]
+    if not evaluated:
+        raise UserError(f"every run failed; see {out / 'failures.txt'}")
+    return write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
+                        failures=[r["folder"] + ": " + r["error"] for r in failed], layout=layout)
+
+
+def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:
+    """run_job for every job in `workers` processes; the results in the order they finish."""
     results, start = [], time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
     # Interrupted (Ctrl-C, or SIGTERM from a scheduler), the workers stop with this process:
@@ -304,19 +265,7 @@ def reproduce(paper: str, scale: str = "cpu", seeds: int = 3, tasks: list[str] |
         pool.shutdown(wait=True, cancel_futures=True)
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
-    failed = [r for r in results if not r["ok"]]
-    (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
-    write_timing(out / "timing.csv", results)
-    print(f"{len(results)} runs done in {time.perf_counter() - start:.0f} s of wall time "
-          f"({len(failed)} failed); per run: {out / 'timing.csv'}", file=sys.stderr)
-    from .report import write_report
-    command = shlex.join(["lengthgen", "reproduce", paper, "--scale", scale, "--seeds", str(seeds),
-                          "--tasks", ",".join(tasks), "--methods", ",".join(methods), "--out", str(out)]
-                         + (["--samples", str(samples)] if samples else [])
-                         + [arg for e in extra or [] for arg in ("--set", e)])
-    evaluated = [Path(r["folder"]) for r in results if r["ok"]]
-    if not evaluated:
-        raise UserError(f"every run failed; see {out / 'failures.txt'}")
-    path = write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
-                        failures=[r["folder"] + ": " + r["error"] for r in failed])
-    return path
+    failed = sum(not r["ok"] for r in results)
+    print(f"{len(results)} runs done in {time.perf_counter() - start:.0f} s of wall time ({failed} failed)",
+          file=sys.stderr)
+    return results

@@ -6,6 +6,9 @@ positions of `pred` count (as for `Method.predict`); the answer region is
 known from the batch in evaluation.
 
 The model only needs the state API of LoopedTransformer: start / step / read.
+Rules are objects in one registry (`RULES`, parsed from `name[:args]` by
+`parse_rule`): each runs its own pass, says how many iterations a shared trace
+must run for it, and reads its choice out of such a trace.
 
 Confidence loss of a step t: -log max softmax of the step-t logits, i.e. the
 cross-entropy against their own argmax, averaged over answer (scored) positions.
@@ -14,15 +17,14 @@ Ties pick the earliest step (strict improvement only), like argmin.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from .looped import oracle_logits, per_sample_steps, scored_width, take_rows
 from .tasks import Batch
-
-RULES = ("oracle", "fixed", "confidence", "confidence-per-sample")
 
 
 def confidence_dtype(device: torch.device) -> torch.dtype:
@@ -151,77 +153,37 @@ def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None 
 @dataclass
 class Trace:
     """Every read-out t = 1..T of one pass, per sample: exact match (T, B) bool, token
-    accuracy (T, B), mean confidence loss (T, B); and the batch's confidence (T,)."""
+    accuracy (T, B), mean confidence loss (T, B), the task's own metrics {name: (T, B)};
+    and the batch's confidence (T,)."""
     exact: Tensor
     token: Tensor
     confidence: Tensor
     batch_confidence: list[float]
+    extra: dict[str, Tensor] = field(default_factory=dict)
 
 
 @torch.no_grad()
-def trace(model, batch: Batch, t_max: int) -> Trace:
+def trace(model, batch: Batch, t_max: int, metrics: Callable | None = None) -> Trace:
     """Run every sample t_max iterations and score each read-out: one pass from which
-    `readout` takes any number of rules and `eval --per-step` its curve."""
+    `readout` takes any number of rules and `eval --per-step` its curve. `metrics`
+    (pred (B, L), batch) -> {name: (B,)} adds a task's own metrics (Task.metrics)."""
     (h, e, pos), w = _start(model, batch)
     scored, targets = batch.scored[:, :w], batch.targets[:, :w]
-    exact, token, conf, batch_conf = [], [], [], []
+    exact, token, conf, batch_conf, extra = [], [], [], [], []
     for _ in range(t_max):
         h = model.step(h, e, pos)
         logits = model.read(h)  # (B, w, V)
-        right = (logits.argmax(-1) == targets) & scored
+        pred = logits.argmax(-1)
+        right = (pred == targets) & scored
         exact.append((right | ~scored).all(1))
         token.append(right.sum(1).float() / scored.sum(1).clamp(min=1))
         per_sample, whole = _confidences(logits, scored)
         conf.append(per_sample)
         batch_conf.append(whole)
-    return Trace(torch.stack(exact), torch.stack(token), torch.stack(conf), batch_conf)
-
-
-def steps_needed(batch: Batch, rule: str) -> int:
-    """Iterations a trace must run for `readout` to apply `rule` to `batch`."""
-    name, args = parse_rule(rule)
-    if name == "oracle":
-        return int(per_sample_steps(batch).max())
-    if name == "fixed":
-        return args[0]
-    return args[0] if args else default_t_max(batch)
-
-
-def readout(tr: Trace, batch: Batch, rule: str) -> tuple[Tensor, Tensor, Tensor] | None:
-    """(exact (B,), token accuracy (B,), step (B,)) of `rule` read from a trace: the same
-    choice the rule's own function makes. None for a rule a trace cannot give (patience,
-    which depends on when samples retire, or a trace too short)."""
-    name, args = parse_rule(rule)
-    need = steps_needed(batch, rule)
-    if (name == "confidence-per-sample" and len(args) > 1) or need > len(tr.exact):
-        return None
-    B = tr.exact.shape[1]
-    if name == "oracle":
-        steps = per_sample_steps(batch).to(tr.exact.device)
-    elif name == "fixed":
-        steps = torch.full((B,), args[0], dtype=torch.long, device=tr.exact.device)
-    elif name == "confidence":
-        best = min(range(need), key=lambda t: (tr.batch_confidence[t], t))  # earliest on ties, like the rule
-        steps = torch.full((B,), best + 1, dtype=torch.long, device=tr.exact.device)
-    else:
-        steps = tr.confidence[:need].argmin(0) + 1  # argmin takes the earliest on ties
-    at = (steps - 1)[None]
-    return tr.exact.gather(0, at)[0], tr.token.gather(0, at)[0], steps
-
-
-def parse_rule(rule: str) -> tuple[str, list[int]]:
-    """'fixed:12' -> ('fixed', [12]); 'confidence-per-sample:40:3' -> (name, [t_max, patience])."""
-    name, *args = rule.split(":")
-    try:
-        numbers = [int(a) for a in args]
-    except ValueError:
-        numbers = None
-    limits = {"oracle": (0, 0), "fixed": (1, 1), "confidence": (0, 1), "confidence-per-sample": (0, 2)}
-    if name not in limits or numbers is None or not limits[name][0] <= len(numbers) <= limits[name][1] \
-            or any(n < 1 for n in numbers):
-        raise ValueError(f"stop rule {rule!r} is not one of: oracle, fixed:N, confidence[:T_MAX], "
-                         "confidence-per-sample[:T_MAX[:PATIENCE]] (positive integers)")
-    return name, numbers
+        if metrics is not None:
+            extra.append(metrics(_full(pred, batch.inputs.shape[1]), batch))
+    extra = {name: torch.stack([step[name] for step in extra]) for name in (extra[0] if extra else {})}
+    return Trace(torch.stack(exact), torch.stack(token), torch.stack(conf), batch_conf, extra)
 
 
 def default_t_max(batch: Batch) -> int:
@@ -230,15 +192,142 @@ def default_t_max(batch: Batch) -> int:
     return 2 * int(per_sample_steps(batch).max())
 
 
-def predict_stop(model, batch: Batch, rule: str) -> tuple[Tensor, Tensor]:
-    """Dispatch a rule string: oracle | fixed:N | confidence[:T_MAX] |
-    confidence-per-sample[:T_MAX[:PATIENCE]]."""
-    name, args = parse_rule(rule)
-    if name == "oracle":
+class StopRule:
+    """A stop rule with its integer arguments, written `name[:arg[:arg]]`.
+
+    run(model, batch)         -> (pred (B, L), read-out step (B,)), its own pass
+    steps_needed(batch)       -> iterations a trace must run to apply the rule
+    trace_steps(trace, batch) -> the step (B,) the rule picks, read from a trace
+                                 (None if a trace cannot give it)
+    """
+
+    name = ""
+    usage = ""  # how the rule is written, for error messages
+    arity = (0, 0)  # fewest and most arguments
+    marker, label = "o", ""  # how the per-step figure marks the step it picks
+
+    def __init__(self, *args: int):
+        self.args = list(args)
+
+    def __str__(self) -> str:
+        return ":".join([self.name, *map(str, self.args)])
+
+    def run(self, model, batch: Batch) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def steps_needed(self, batch: Batch) -> int:
+        raise NotImplementedError
+
+    def trace_steps(self, tr: Trace, batch: Batch) -> Tensor | None:
+        raise NotImplementedError
+
+    def _t_max(self, batch: Batch) -> int:
+        return self.args[0] if self.args else default_t_max(batch)
+
+
+def _every(tr: Trace, step: int) -> Tensor:
+    return torch.full((tr.exact.shape[1],), step, dtype=torch.long, device=tr.exact.device)
+
+
+class Oracle(StopRule):
+    name, usage, marker, label = "oracle", "oracle", "o", "oracle T(n)"
+
+    def run(self, model, batch):
         return oracle(model, batch)
-    if name == "fixed":
-        return fixed(model, batch, args[0])
-    t_max = args[0] if args else default_t_max(batch)
-    if name == "confidence":
-        return confidence(model, batch, t_max)
-    return confidence_per_sample(model, batch, t_max, args[1] if len(args) > 1 else None)
+
+    def steps_needed(self, batch):
+        return int(per_sample_steps(batch).max())
+
+    def trace_steps(self, tr, batch):
+        return per_sample_steps(batch).to(tr.exact.device)
+
+
+class Fixed(StopRule):
+    name, usage, arity, marker, label = "fixed", "fixed:N", (1, 1), "s", "fixed"
+
+    def run(self, model, batch):
+        return fixed(model, batch, self.args[0])
+
+    def steps_needed(self, batch):
+        return self.args[0]
+
+    def trace_steps(self, tr, batch):
+        return _every(tr, self.args[0])
+
+
+class Confidence(StopRule):
+    name, usage, arity, marker, label = "confidence", "confidence[:T_MAX]", (0, 1), "x", "confidence (per batch)"
+
+    def run(self, model, batch):
+        return confidence(model, batch, self._t_max(batch))
+
+    def steps_needed(self, batch):
+        return self._t_max(batch)
+
+    def trace_steps(self, tr, batch):
+        need = self.steps_needed(batch)
+        best = min(range(need), key=lambda t: (tr.batch_confidence[t], t))  # earliest on ties, like the rule
+        return _every(tr, best + 1)
+
+
+class ConfidencePerSample(StopRule):
+    name, usage, arity = "confidence-per-sample", "confidence-per-sample[:T_MAX[:PATIENCE]]", (0, 2)
+    marker, label = "^", "confidence (per sample, mean)"
+
+    def run(self, model, batch):
+        return confidence_per_sample(model, batch, self._t_max(batch), self.args[1] if len(self.args) > 1 else None)
+
+    def steps_needed(self, batch):
+        return self._t_max(batch)
+
+    def trace_steps(self, tr, batch):
+        if len(self.args) > 1:  # patience: depends on when samples retire, which a trace does not record
+            return None
+        return tr.confidence[:self.steps_needed(batch)].argmin(0) + 1  # argmin takes the earliest on ties
+
+
+RULES: dict[str, type[StopRule]] = {cls.name: cls for cls in (Oracle, Fixed, Confidence, ConfidencePerSample)}
+
+
+def parse_rule(text: str | StopRule) -> StopRule:
+    """'fixed:12' -> Fixed(12); 'confidence-per-sample:40:3' -> ConfidencePerSample(40, 3).
+    ValueError naming every rule's form for anything else."""
+    if isinstance(text, StopRule):
+        return text
+    name, *args = str(text).split(":")
+    try:
+        numbers = [int(a) for a in args]
+    except ValueError:
+        numbers = None
+    cls = RULES.get(name)
+    if cls is None or numbers is None or not cls.arity[0] <= len(numbers) <= cls.arity[1] or any(n < 1 for n in numbers):
+        forms = ", ".join(rule.usage for rule in RULES.values())
+        raise ValueError(f"stop rule {text!r} is not one of: {forms} (positive integers)")
+    return cls(*numbers)
+
+
+def steps_needed(batch: Batch, rule: str | StopRule) -> int:
+    """Iterations a trace must run for `readout` to apply `rule` to `batch`."""
+    return parse_rule(rule).steps_needed(batch)
+
+
+def readout(tr: Trace, batch: Batch, rule: str | StopRule) -> tuple[dict[str, Tensor], Tensor] | None:
+    """({"accuracy": exact (B,) bool, "token_accuracy": (B,), task metrics...}, step (B,)) of
+    `rule` read from a trace: the same choice the rule's own pass makes. None for a rule a
+    trace cannot give (patience) or a trace too short."""
+    rule = parse_rule(rule)
+    if rule.steps_needed(batch) > len(tr.exact):
+        return None
+    steps = rule.trace_steps(tr, batch)
+    if steps is None:
+        return None
+    at = (steps - 1)[None]
+    values = {"accuracy": tr.exact.gather(0, at)[0], "token_accuracy": tr.token.gather(0, at)[0]}
+    values.update({name: v.gather(0, at)[0] for name, v in tr.extra.items()})
+    return values, steps
+
+
+def predict_stop(model, batch: Batch, rule: str | StopRule) -> tuple[Tensor, Tensor]:
+    """(pred (B, L), read-out step (B,)) under a rule: oracle | fixed:N | confidence[:T_MAX] |
+    confidence-per-sample[:T_MAX[:PATIENCE]]."""
+    return parse_rule(rule).run(model, batch)

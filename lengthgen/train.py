@@ -1,7 +1,8 @@
 """Trainer: online data, curriculum, schedule, EMA, checkpoints, resume.
 
 One training step: draw a fresh batch from the task (online i.i.d. samples,
-lengths up to the current curriculum maximum) -> method loss -> backward ->
+lengths up to the current curriculum maximum) -> position-ID transform
+(train.position_transform, lengthgen.transforms) -> method loss -> backward ->
 clip -> AdamW step -> EMA update. Metrics go to metrics.jsonl every
 `log_interval` steps; checkpoints every `checkpoint_interval` steps and at the
 end. Three seeds are kept apart: model initialisation, training data and
@@ -21,11 +22,13 @@ import torch
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from .config import Config, from_dict, to_dict, to_toml
+from .config import Config, to_dict, to_toml
+from .presets import from_dict
 from .errors import TrainingDiverged, UserError
 from .methods import get_method
 from .tasks import Batch, Task, get_task
 from .tasks.base import sample_mixed
+from .transforms import build_transform
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -160,6 +163,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
+    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     torch.manual_seed(cfg.train.model_seed)
     model = method.build_model(cfg, task).to(device)
     ema = copy.deepcopy(model).requires_grad_(False) if cfg.train.ema > 0 else None
@@ -198,7 +202,8 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         while step < tr.steps:
             high = curriculum_max(cfg, step)
             batch = sample_batch(task, tr.batch_size, cfg.task.train_min, high, data,
-                                 tr.length_sampling == "per_sample").to(device)
+                                 tr.length_sampling == "per_sample")
+            batch = transform(batch, data).to(device)  # position IDs drawn from the data stream too
             lr = learning_rate(cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr

@@ -4,10 +4,11 @@ import sys
 
 import torch
 
-from lengthgen.config import MAX_LENGTH, TABLE_POSITIONS, longest_sequence
+from lengthgen.config import MAX_LENGTH, TABLE_POSITIONS
+from lengthgen.presets import longest_sequence
 from lengthgen.errors import UserError
 from lengthgen.evaluate import load_run
-from lengthgen.methods import score
+from lengthgen.tasks import score
 
 
 def open_run(script: str, default_lengths: list[int], task: str | None = None, looped: bool = False):
@@ -22,7 +23,7 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
         check_fits(cfg, max(lengths))
         if task and run_task.name != task:
             raise UserError(f"{folder} is a {run_task.name!r} run; {script} needs a {task} one")
-        if looped and not hasattr(method, "predict_stop"):
+        if looped and not method.has_stop_rules:
             raise UserError(f"{folder} is a {cfg.method!r} run; {script} needs a looped one")
     except UserError as err:
         sys.exit(f"{script}: {err}")
@@ -45,7 +46,7 @@ def check_fits(cfg, length: int) -> None:
 def predictions(method, model, batch) -> torch.Tensor:
     """(B, L) predicted tokens aligned with batch.targets: oracle stop for looped methods,
     greedy decoding otherwise."""
-    return method.predict_stop(model, batch, "oracle")[0] if hasattr(method, "predict_stop") \
+    return method.predict_stop(model, batch, "oracle")[0] if method.has_stop_rules \
         else method.predict(model, batch)
 
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from lengthgen import checkpoint, cli, config
+from lengthgen import checkpoint, cli, config, presets
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluate import load_run
 from lengthgen.train import decay_params, pick_device, train
@@ -21,7 +21,7 @@ TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy
 def finished_run(tmp_path_factory):
     """One tiny finished run; tests damage copies of it."""
     folder = tmp_path_factory.mktemp("finished") / "run"
-    train(config.load(None, TINY), folder, progress=False)
+    train(presets.load(None, TINY), folder, progress=False)
     return folder
 
 
@@ -48,7 +48,7 @@ def one_line(err) -> str:
     (["train.betas=[false, 0.99]"], ["train.betas"]),
     (["train.lr=inf"], ["train.lr", "finite"]),
     (["train.weight_decay=inf"], ["train.weight_decay", "finite"]),
-    (["model.rope_theta=inf"], ["model.rope_theta", "finite"]),
+    (["model.position=rope", "model.position_options.theta=inf"], ["model.position_options", "finite"]),
     (["train.threads=100000"], ["train.threads", "1024"]),
     (["train.data_seed=100000000000000000000"], ["train.data_seed", "2**63"]),
     (["train.model_seed=-1"], ["train.model_seed"]),
@@ -64,40 +64,40 @@ def one_line(err) -> str:
 ])
 def test_impossible_values_are_refused_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as err:
-        config.load(None, overrides)
+        presets.load(None, overrides)
     message = one_line(err)
     for name in names:
         assert name in message
 
 
 def test_integer_betas_become_floats_adamw_accepts():
-    cfg = config.load(None, ["train.betas=[0, 0.99]"])
+    cfg = presets.load(None, ["train.betas=[0, 0.99]"])
     assert cfg.train.betas == [0.0, 0.99] and all(isinstance(b, float) for b in cfg.train.betas)
     torch.optim.AdamW(decay_params(torch.nn.Linear(2, 2)), betas=tuple(cfg.train.betas))
 
 
 def test_position_table_that_fits_the_training_lengths_is_accepted():
     # copy at train_max 12 reads 12 + 1 + 11 input tokens (the last answer token is only a target)
-    config.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=24"])
+    presets.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=24"])
     with pytest.raises(ConfigError, match="at least 24"):
-        config.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=23"])
+        presets.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=23"])
 
 
 def test_eval_lengths_accepts_a_bare_integer(tmp_path):
-    cfg = config.load(None, ["eval.lengths=24"])
+    cfg = presets.load(None, ["eval.lengths=24"])
     assert cfg.eval.lengths == "24" and config.parse_lengths(cfg.eval.lengths) == [24]
     preset = tmp_path / "p.toml"
     preset.write_text("[eval]\nlengths = 7\n")
-    assert config.load(preset).eval.lengths == "7"
+    assert presets.load(preset).eval.lengths == "7"
 
 
 def test_preset_that_is_not_utf8_or_is_a_directory(tmp_path):
     latin = tmp_path / "latin.toml"
     latin.write_bytes("# caf\xe9\n[model]\nd_model = 32\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="UTF-8"):
-        config.load(latin)
+        presets.load(latin)
     with pytest.raises(ConfigError, match="is a directory"):
-        config.load(tmp_path)
+        presets.load(tmp_path)
 
 
 def test_unavailable_device_is_refused(monkeypatch):
@@ -114,7 +114,7 @@ def test_unavailable_device_is_refused(monkeypatch):
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     file = tmp_path / "notes.txt"
     file.write_text("keep me")
-    cfg = config.load(None, TINY)
+    cfg = presets.load(None, TINY)
     for folder in (file, file / "sub"):
         with pytest.raises(UserError, match="is a file, not a folder"):
             train(cfg, folder, progress=False)
@@ -179,7 +179,7 @@ def test_checkpoint_records_digests_and_older_ones_still_load(run):
 
 def test_optimizer_state_of_another_model_is_refused(run, tmp_path):
     other = tmp_path / "other"
-    train(config.load(None, TINY + ["model.d_model=32"]), other, progress=False)
+    train(presets.load(None, TINY + ["model.d_model=32"]), other, progress=False)
     swapped = checkpoint.latest(run) / "optimizer.pt"
     shutil.copy(checkpoint.latest(other) / "optimizer.pt", swapped)
     with pytest.raises(UserError, match="sha256"):

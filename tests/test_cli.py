@@ -97,7 +97,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 
 def test_report_statistics():
-    from lengthgen.report import aggregate, mean_stderr
+    from lengthgen.series import aggregate, mean_stderr
 
     mean, err = mean_stderr([0.2, 0.4, 0.9])
     assert mean == pytest.approx(0.5)
@@ -115,7 +115,8 @@ def test_report_statistics():
 
 
 def test_report_summary_picks_lengths_at_multiples_of_train_max():
-    from lengthgen.report import aggregate, at_multiple, summary
+    from lengthgen.report import summary
+    from lengthgen.series import aggregate, at_multiple
 
     assert at_multiple([4, 7, 8, 10, 12], 5, 1.5) == 8 and at_multiple([4, 7, 8, 10, 12], 5, 2) == 10
     assert at_multiple([4, 7], 5, 2) is None
@@ -129,11 +130,13 @@ def test_report_summary_picks_lengths_at_multiples_of_train_max():
 
 
 def test_plot_gives_each_series_one_colour_in_every_panel():
-    from lengthgen.report import series_colors
+    from lengthgen.series import aggregate, series_colors
 
-    row = {"position": "nope", "stop": ""}
-    agg = [{**row, "task": t, "method": m} for t in ("copy", "parity") for m in ("ntp", "looped")]
-    agg += [{**row, "task": "parity", "method": "looped", "stop": "confidence"}]
+    base = {"task": "copy", "arm": "", "position": "nope", "stop": "", "seed": 0, "length": 4, "n": 8,
+            "accuracy": 1.0, "token_accuracy": 1.0, "stop_step": 1.0, "train_max": 4, "baseline": 0.5, "step": 1}
+    rows = [{**base, "task": t, "method": m} for t in ("copy", "parity") for m in ("ntp", "looped")]
+    rows += [{**base, "task": "parity", "method": "looped", "stop": "confidence"}]
+    agg = aggregate(rows)
     colors = series_colors(agg)
     assert len(colors) == 3 and len(set(colors.values())) == 3  # one key per series, not per panel
     assert series_colors(agg[::-1]) == colors  # independent of the row order
@@ -171,7 +174,7 @@ def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     ntp = tmp_path / "ntp"
     assert main(["train", *TINY, "--out", str(ntp), "--no-progress"]) == 0
     assert main(["eval", str(ntp), "--stop", "oracle", "--no-progress"]) == 2
-    assert "looped methods" in capsys.readouterr().err
+    assert "methods with stop rules" in capsys.readouterr().err
 
 
 def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):

@@ -5,31 +5,38 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen import config
+from lengthgen import config, grid, presets
 from lengthgen.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted(p for p in ROOT.glob("experiments/**/*.toml") if p.name != "methods.toml")
+PRESETS = sorted(p for p in ROOT.glob("experiments/**/*.toml") if p.name != "grid.toml")
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_every_preset_loads_with_every_method(preset):
-    from lengthgen.reproduce import method_overrides
-
-    cfg = config.load(preset)
+def test_every_preset_loads(preset):
+    cfg = presets.load(preset)
     assert cfg.task.train_max >= cfg.task.train_min
-    scale, paper = preset.parent.name, preset.parent.parent.name
-    if (ROOT / "experiments" / paper / "methods.toml").exists():
-        for method in ("looped", "looped-wo-injection", "ntp", "ntp-pause", "ntp-loop"):
-            assert config.load(preset, method_overrides(paper, scale, method, cfg.model.n_layer)).method == method
+
+
+@pytest.mark.parametrize("paper", grid.papers(), ids=str)
+def test_every_run_of_every_grid_loads(paper):
+    """Every (scale, task, arm, axis values) a grid declares, default or not, is a valid config."""
+    g = grid.find(paper)
+    for scale in g.scales:
+        spec = g.resolved(scale)
+        for task in spec["tasks"]:
+            for arm in spec["arms"]:
+                for values in grid.combinations(g.axes(scale, task)):
+                    cfg = presets.load(g.preset(scale, task), grid.arm_overrides(g, scale, task, arm, values))
+                    assert cfg.task.name == task
 
 
 def test_overrides_are_typed_and_win():
-    cfg = config.load(None, ["model.n_layer=3", "model.position=rope", "train.lr=0.002", "task.name=copy",
+    cfg = presets.load(None, ["model.n_layer=3", "model.position=rope", "train.lr=0.002", "task.name=copy",
                              "train.betas=[0.9, 0.95]", "task.options={}"])
     assert (cfg.model.n_layer, cfg.model.position, cfg.train.lr, cfg.task.name) == (3, "rope", 0.002, "copy")
     assert cfg.train.betas == [0.9, 0.95]
-    assert isinstance(config.load(None, ["train.lr=1"]).train.lr, float)  # ints are accepted for floats
+    assert isinstance(presets.load(None, ["train.lr=1"]).train.lr, float)  # ints are accepted for floats
 
 
 @pytest.mark.parametrize("override, names", [
@@ -51,31 +58,86 @@ def test_overrides_are_typed_and_win():
     ("train.schedule=linear", ["train.schedule"]),
     ("train.curriculum_start=99", ["train.curriculum_start"]),
     ("task.options={bogus=1}", ["task.options", "bogus"]),
+    ("model.position_options.no_such=1", ["model.position_options.no_such", "not an option of nope"]),
+    ("model.rope_theta=5", ["model.rope_theta", "model.position_options.theta"]),
+    ("model.norm=batchnorm", ["model.norm", "layernorm, rmsnorm"]),
+    ("model.mlp=swiglue", ["model.mlp", "did you mean swiglu"]),
+    ("model.residual=post-norm", ["model.residual"]),
+    ("model.attn_dropout=1.0", ["model.attn_dropout", "[0, 1)"]),
+    ("model.bias=1", ["model.bias", "bool"]),
+    ("train.position_transform=pose2", ["train.position_transform", "did you mean pose"]),
+    ("eval.sweep={bogus=[1]}", ["eval.sweep.bogus"]),
 ])
 def test_bad_values_name_the_key(override, names):
     with pytest.raises(ConfigError) as err:
-        config.load(None, [override])
+        presets.load(None, [override])
     message = str(err.value)
     assert "\n" not in message
     for name in names:
         assert name in message
 
 
+@pytest.mark.parametrize("overrides, names", [
+    (["model.position=rope", "model.position_options.thetaa=5"], ["model.position_options.thetaa", "did you mean theta"]),
+    (["model.position=rope", "model.position_options.theta=-1"], ["model.position_options", "theta"]),
+    (["model.position=rope", "model.position_options.style=diagonal"], ["model.position_options", "style"]),
+    (["train.position_transform=pose"], ["train.position_transform_options", "target_length"]),
+    (["train.position_transform=pose", "train.position_transform_options.target_length=8"],
+     ["train.position_transform_options", "target_length 8 allows position IDs up to 7"]),
+    (["train.position_transform=random_offset", "train.position_transform_options={max_position=3}"],
+     ["max_position 3 allows position IDs up to 3"]),
+    (["train.position_transform=randomized", "train.position_transform_options={max_position=64, chunks=2}"],
+     ["train.position_transform_options.chunks", "not an option of randomized"]),
+    (["model.position=learned", "model.max_positions=40", "train.position_transform=random_offset",
+      "train.position_transform_options={max_position=64}"], ["model.max_positions (40)", "up to 64", "at least 65"]),
+    (["method=ntp-pause", "train.position_transform=random_offset", "train.position_transform_options={max_position=64}"],
+     ["train.position_transform", "ntp-pause"]),
+    (["task.name=multiplication", "eval.sweep={max_a_bits=[2, 0]}"], ["eval.sweep", "max_a_bits=0"]),
+    (["eval.sweep={symbols=[]}"], ["eval.sweep"]),
+], ids=["scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option",
+        "table-under-transform", "pause-no-ids", "sweep-value", "sweep-empty"])
+def test_scheme_transform_and_sweep_options_are_checked(overrides, names):
+    with pytest.raises(ConfigError) as err:
+        presets.load(None, overrides)
+    message = str(err.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message, message
+
+
+def test_options_tables_merge_key_by_key():
+    cfg = presets.load(None, ["task.name=unique_set", "task.options={symbols=7}", "model.position=rope",
+                              "model.position_options.theta=500000", "model.position_options.style=interleaved"])
+    assert cfg.model.position_options == {"theta": 500000, "style": "interleaved"}
+    assert presets.load(None, ["task.name=unique_set", "task.options.symbols=9"]).task.options == {"symbols": 9}
+
+
+def test_config_of_an_earlier_version_loads(tmp_path):
+    """A run folder saved before model.rope_theta moved into RoPE's options still loads, to the same config."""
+    old = tmp_path / "config.toml"
+    old.write_text('[model]\nposition = "rope"\nrope_theta = 500000.0\n')
+    assert presets.load(old).model.position_options == {"theta": 500000.0}
+    old.write_text('[model]\nposition = "nope"\nrope_theta = 10000.0\n')
+    assert presets.load(old) == presets.load(None)
+
+
 def test_missing_and_invalid_preset(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        config.load(tmp_path / "nope.toml")
+        presets.load(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[model\nd_model = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        config.load(bad)
+        presets.load(bad)
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
-    cfg = config.load(None, ["model.position=alibi", "task.name=unique_set", "task.options={symbols = 7}",
-                             "train.betas=[0.8, 0.9]", "eval.lengths=1:30:2"])
+    cfg = presets.load(None, ["model.position=rope", "task.name=unique_set", "task.options={symbols = 7}",
+                              "train.betas=[0.8, 0.9]", "eval.lengths=1:30:2", "model.position_options.theta=5e5",
+                              "train.position_transform=pose", "train.position_transform_options={target_length=64}",
+                              "eval.sweep={symbols=[7]}", "model.norm=rmsnorm", "model.mlp=swiglu"])
     path = tmp_path / "config.toml"
     path.write_text(config.to_toml(cfg))
-    assert config.load(path) == cfg
+    assert presets.load(path) == cfg
 
 
 def test_parse_lengths():

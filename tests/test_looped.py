@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import config, methods, stopping
+from lengthgen import methods, presets, stopping
 from lengthgen.attention import Packed
 from lengthgen.looped import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.positions import SCHEMES
@@ -18,7 +18,7 @@ MIXED = torch.tensor([1, 5, 3, 8, 2, 5, 1])  # mixed lengths, repeats and ties i
 
 def tiny(injection=True, seed=0, **model):
     torch.manual_seed(seed)
-    cfg = config.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
+    cfg = presets.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
                       + [f"model.{k}={v}" for k, v in model.items()])
     return LoopedTransformer(cfg.model, get_task("copy").vocab_size, injection=injection)
 
@@ -124,7 +124,7 @@ def test_each_sample_read_at_its_own_step():
 def test_methods_registered_and_predict_shape():
     for name in ("looped", "looped-wo-injection", "ntp-loop", "ntp-pause", "ntp"):
         assert name in METHODS
-    cfg = config.load(None, ["method=looped", "model.n_layer=1", "model.d_model=32"])
+    cfg = presets.load(None, ["method=looped", "model.n_layer=1", "model.d_model=32"])
     task = get_task("copy")
     batch = mixed_batch()
     for name, injection in (("looped", True), ("looped-wo-injection", False)):
@@ -137,7 +137,7 @@ def test_methods_registered_and_predict_shape():
 def _train_and_score(tmp_path: Path, overrides: list[str], lengths) -> list[float]:
     from lengthgen.evaluate import accuracy_at
     from lengthgen.train import train
-    cfg = config.load(None, overrides + ["train.device=cpu"])
+    cfg = presets.load(None, overrides + ["train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     task, method = get_task(cfg.task.name), get_method(cfg.method)
     model = method.build_model(cfg, task)
@@ -258,10 +258,14 @@ def test_trace_record_and_rule_parsing():
     assert torch.allclose(conf, torch.tensor(CONF, dtype=torch.float64), atol=1e-4)
     right = model.table.argmax(-1)[:, torch.arange(3)] == batch.targets
     assert torch.equal(exact, (right | ~batch.scored).all(-1))
-    assert stopping.parse_rule("fixed:7") == ("fixed", [7])
-    assert stopping.parse_rule("confidence-per-sample:40:3") == ("confidence-per-sample", [40, 3])
+    rule = stopping.parse_rule("fixed:7")
+    assert isinstance(rule, stopping.Fixed) and rule.args == [7] and str(rule) == "fixed:7"
+    rule = stopping.parse_rule("confidence-per-sample:40:3")
+    assert isinstance(rule, stopping.ConfidencePerSample) and rule.args == [40, 3]
+    assert stopping.parse_rule(rule) is rule and set(stopping.RULES) == {
+        "oracle", "fixed", "confidence", "confidence-per-sample"}
     for bad in ("fixed", "fixed:x", "confidence:0", "oracle:3", "best"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="oracle, fixed:N, confidence"):
             stopping.parse_rule(bad)
 
 
@@ -292,7 +296,7 @@ def test_pause_batch_matches_slow_reference(task):
 
 
 def test_pause_logits_map_back_to_the_original_layout():
-    cfg = config.load(None, ["method=ntp-pause", "model.n_layer=1", "model.d_model=32"])
+    cfg = presets.load(None, ["method=ntp-pause", "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("copy"), get_method("ntp-pause")
     model, batch = method.build_model(cfg, task).eval(), mixed_batch()
     paused = pause_batch(batch)
@@ -305,7 +309,7 @@ def test_pause_logits_map_back_to_the_original_layout():
 
 
 def test_ntp_loop_runs_its_block_t_train_max_times():
-    cfg = config.load(None, ["method=ntp-loop", "task.name=multiplication", "task.train_max=5",
+    cfg = presets.load(None, ["method=ntp-loop", "task.name=multiplication", "task.train_max=5",
                              "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("multiplication"), get_method("ntp-loop")
     model = method.build_model(cfg, task).eval()
@@ -316,7 +320,7 @@ def test_ntp_loop_runs_its_block_t_train_max_times():
 
 @pytest.mark.parametrize("name", ["ntp-loop", "ntp-pause", "looped-wo-injection"])
 def test_baselines_loss_drops(name):
-    cfg = config.load(None, [f"method={name}", "task.name=copy", "task.train_max=4",
+    cfg = presets.load(None, [f"method={name}", "task.name=copy", "task.train_max=4",
                              "model.n_layer=1", "model.d_model=32", "model.n_head=2"])
     task, method = get_task("copy"), get_method(name)
     torch.manual_seed(0)
@@ -341,20 +345,20 @@ def test_rules_read_from_one_trace_match_their_own_passes():
         if stopping.steps_needed(batch, rule) > 4:
             assert stopping.readout(tr, batch, rule) is None  # the default search bound 2 T(n) is 8 here
             continue
-        exact, token, steps = stopping.readout(tr, batch, rule)
+        values, steps = stopping.readout(tr, batch, rule)
         pred, want = stopping.predict_stop(model, batch, rule)
         assert torch.equal(steps, want), rule
-        assert torch.equal(exact, ((pred == batch.targets) | ~batch.scored).all(1)), rule
+        assert torch.equal(values["accuracy"], ((pred == batch.targets) | ~batch.scored).all(1)), rule
     assert stopping.readout(tr, batch, "confidence-per-sample:4:1") is None  # patience needs its own pass
     model, batch = tiny().eval(), mixed_batch()  # a real model, samples of several lengths
     tr = stopping.trace(model, batch, 16)  # 2 T(n) of the longest
     for rule in ("oracle", "fixed:5", "confidence", "confidence:6", "confidence-per-sample", "confidence-per-sample:9"):
-        exact, token, steps = stopping.readout(tr, batch, rule)
+        values, steps = stopping.readout(tr, batch, rule)
         pred, want = stopping.predict_stop(model, batch, rule)
         right = (pred == batch.targets) & batch.scored
         assert torch.equal(steps, want), rule
-        assert torch.equal(exact, (right | ~batch.scored).all(1)), rule
-        assert torch.allclose(token, right.sum(1).float() / batch.scored.sum(1)), rule
+        assert torch.equal(values["accuracy"], (right | ~batch.scored).all(1)), rule
+        assert torch.allclose(values["token_accuracy"], right.sum(1).float() / batch.scored.sum(1)), rule
 
 
 def test_rules_on_a_real_model_agree_with_the_per_step_record():
@@ -384,4 +388,4 @@ def test_a_model_with_nan_logits_stops_at_step_1_under_every_rule():
         _, steps = stopping.predict_stop(model, batch, rule)
         assert steps.tolist() == [1] * len(batch), rule
         read = stopping.readout(tr, batch, rule)
-        assert read is None or torch.equal(read[2], steps), rule
+        assert read is None or torch.equal(read[1], steps), rule

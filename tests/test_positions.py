@@ -56,7 +56,7 @@ def rope_scores(scheme, qv, kv, ids):
 @pytest.mark.parametrize("style", ["half", "interleaved"])
 def test_rope_scores_depend_only_on_offset(style):
     torch.manual_seed(0)
-    s = RoPE(cfg(rope_theta=100.0), style=style)
+    s = RoPE(cfg(), theta=100.0, style=style)
     qv, kv = torch.randn(16), torch.randn(16)
     S = rope_scores(s, qv, kv, arange_ids(12))
     for off in range(-11, 12):  # every diagonal is constant
@@ -80,7 +80,7 @@ def test_rope_matches_complex_rotation_and_preserves_norm(style):
     """Independent formula: pair (a, b) -> (a + ib) * exp(i * pos * theta^(-2m/Dh))."""
     torch.manual_seed(1)
     theta, Dh = 500.0, 16
-    s = RoPE(cfg(rope_theta=theta), style=style)
+    s = RoPE(cfg(), theta=theta, style=style)
     q, k = torch.randn(2, 2, 7, Dh), torch.randn(2, 2, 7, Dh)
     ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [5, 9, 9, 20, 21, 22, 100]])  # (B, T), rows differ
     rq, rk = s.rotate(q, k, ids)

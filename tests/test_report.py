@@ -12,7 +12,8 @@ import pytest
 
 from lengthgen.cli import main
 from lengthgen.evaluate import COLUMNS, PER_STEP_COLUMNS, write_csv
-from lengthgen.report import aggregate, plot
+from lengthgen.figures import plot
+from lengthgen.series import aggregate
 
 ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "seed": 0, "n": 64, "accuracy": 1.0,
        "token_accuracy": 1.0, "stop_step": math.nan, "train_max": 4, "baseline": 0.5, "step": 20}
@@ -94,7 +95,7 @@ def test_legend_names_every_series_when_positions_differ_in_another_panel(tmp_pa
     rows = [{**ROW, "run": "p", "length": 4}, {**ROW, "run": "c", "task": "copy", "position": "alibi", "length": 4}]
     plot(aggregate(rows), tmp_path / "fig.png")
     series = [label for label in drawn["legend"] if label.startswith("ntp")]
-    assert sorted(series) == ["ntp (alibi) (1 seed)", "ntp (nope) (1 seed)"]
+    assert sorted(series) == ["ntp (position=alibi) (1 seed)", "ntp (position=nope) (1 seed)"]
 
 
 def test_training_band_covers_only_evaluated_training_lengths(tmp_path, drawn):
@@ -108,15 +109,15 @@ def test_training_band_covers_only_evaluated_training_lengths(tmp_path, drawn):
 
 def test_per_step_panels_keep_positional_schemes_apart(tmp_path, monkeypatch):
     """Two looped runs that differ only in position are two panels, not one averaged curve."""
-    from lengthgen import report
+    from lengthgen import figures
 
     steps = [{**ROW, "run": p, "method": "looped", "position": p, "length": 2, "iteration": t,
               "accuracy": float(t == 2) if p == "nope" else 0.0, "confidence": 0.1, "oracle_step": 2}
              for p in ("nope", "rope") for t in (1, 2, 3)]
     titles = []
     monkeypatch.setattr(matplotlib.axes.Axes, "set", lambda ax, **kw: titles.append(kw.get("title")))
-    report.plot_per_step(steps, [], tmp_path / "steps.png")
-    assert titles == ["parity: looped, nope (1 seed)", "parity: looped, rope (1 seed)"]
+    figures.plot_per_step(steps, [], tmp_path / "steps.png")
+    assert titles == ["parity: looped (position=nope) (1 seed)", "parity: looped (position=rope) (1 seed)"]
 
 
 def test_summary_reads_each_series_at_multiples_of_its_own_training_maximum():

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from lengthgen import grid as grids
 from lengthgen import reproduce as rp
-from lengthgen.config import load, to_toml
+from lengthgen.config import to_toml
+from lengthgen.presets import load
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluate import read_rows
 
@@ -40,56 +42,80 @@ samples = 16
 """
 
 
+GRID = """
+title = "A toy paper"
+seeds = 1
+[tasks.parity]
+[tasks.copy]
+[tasks.parity.arms.looped]
+stops = ["oracle", "confidence", "confidence-per-sample"]
+per_step = true
+[arms.looped]
+set = {method = "looped"}
+stops = ["oracle"]
+[arms.ntp]
+set = {method = "ntp"}
+multiply = {"model.n_layer" = 2}
+[arms.looped-wo-injection]
+default = false
+set = {method = "looped-wo-injection"}
+[scales.cpu]
+"""
+
+
 @pytest.fixture
 def experiments(tmp_path, monkeypatch):
     root = tmp_path / "experiments"
     (root / "looped" / "cpu").mkdir(parents=True)
-    (root / "looped" / "methods.toml").write_text(
-        "[cpu.looped]\n[cpu.ntp]\ndepth_multiplier = 2\n[cpu.looped-wo-injection]\n")
+    (root / "looped" / "grid.toml").write_text(GRID)
     (root / "looped" / "cpu" / "parity.toml").write_text(PRESET.format(task="parity", model_extra="", lengths="2:6:2"))
     # copy with a learned position table too small for its longest test length: evaluation fails
     (root / "looped" / "cpu" / "copy.toml").write_text(PRESET.format(
         task="copy", model_extra='position = "learned"\nmax_positions = 12', lengths="2,8"))
-    monkeypatch.setattr(rp, "ROOT", root)
+    monkeypatch.setattr(grids, "ROOT", root)
     return root
 
 
-def test_method_overrides_scale_the_depth(experiments):
-    sets = rp.method_overrides("looped", "cpu", "ntp", block_depth=3)
-    assert sets == ["method=ntp", "model.n_layer=6"]
+def plan(tasks, arms, seeds, out, workers, **kw):
+    return grids.plan(grids.find("looped"), "cpu", tasks, arms, seeds, out, workers, **kw)
+
+
+def test_arm_overrides_set_then_multiply(experiments):
+    g = grids.find("looped")
+    sets = grids.arm_overrides(g, "cpu", "parity", "ntp", {})
+    assert sets == ['method="ntp"', "model.n_layer=2"]
     cfg = load(experiments / "looped" / "cpu" / "parity.toml", sets)
-    assert (cfg.method, cfg.model.n_layer) == ("ntp", 6)
-    with pytest.raises(UserError, match="cpu.ntp-pause"):
-        rp.method_overrides("looped", "cpu", "ntp-pause", 1)
+    assert (cfg.method, cfg.model.n_layer) == ("ntp", 2)
 
 
 def test_plan_names_runs_by_value(experiments, tmp_path):
-    jobs = rp.plan("looped", "cpu", ["parity"], ["looped", "ntp"], 2, tmp_path / "out", workers=2)
+    jobs = plan(["parity"], ["looped", "ntp"], 2, tmp_path / "out", workers=2)
     assert [j.folder.rsplit("/", 1)[1] for j in jobs] == ["parity-looped-s0", "parity-looped-s1",
                                                           "parity-ntp-s0", "parity-ntp-s1"]
     assert jobs[0].stops == ["oracle", "confidence", "confidence-per-sample"] and jobs[0].per_step
     assert jobs[2].stops == [] and not jobs[2].per_step
     assert "train.model_seed=1" in jobs[1].overrides and "train.data_seed=1" in jobs[1].overrides
     assert jobs[0].threads == max(1, (os.cpu_count() or 1) // 2)
-    jobs1 = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=1, threads=1)
+    # labels: the arm, and the config keys that differ between the task's runs over every declared arm
+    assert jobs[0].labels == {"arm": "looped", "model.n_layer": 1} and jobs[2].labels == {"arm": "ntp", "model.n_layer": 2}
+    jobs1 = plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=1, threads=1)
     assert jobs1[0].threads == 1 and load(jobs1[0].preset, jobs1[0].overrides).train.threads == 1
-    jobs = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=2,
-                   extra=["train.precision=bf16"])
+    jobs = plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precision=bf16"])
     cfg = load(jobs[0].preset, jobs[0].overrides)
     assert (cfg.method, cfg.train.precision) == ("ntp", "bf16")
     with pytest.raises(ConfigError, match="train.precison"):  # a bad --set fails before any run starts
-        rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precison=bf16"])
+        plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precison=bf16"])
 
 
 def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     out = tmp_path / "out"
     betas = "train.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
-    report = rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], methods=["looped", "ntp"],
+    report = rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
                           out=out, workers=2, samples=8, progress=False, extra=[betas])
     text = report.read_text()
     command = next(line for line in text.splitlines() if line.startswith("    lengthgen reproduce"))
     assert shlex.split(command) == ["lengthgen", "reproduce", "looped", "--scale", "cpu", "--seeds", "1",
-                                    "--tasks", "parity,copy", "--methods", "looped,ntp", "--out", str(out),
+                                    "--tasks", "parity,copy", "--arms", "looped,ntp", "--out", str(out),
                                     "--samples", "8", "--set", betas]
     # copy's runs fail at evaluation (length 8 exceeds the position table); parity's succeed
     assert "2 run(s) failed" in text and "max_positions" in text
@@ -104,7 +130,7 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     done = out / "runs" / "parity-looped-s0" / "eval.done"
     ckpt = out / "runs" / "parity-looped-s0" / "checkpoints" / "latest"
     stamps = done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns
-    rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out, workers=1,
+    rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out, workers=1,
                  samples=8, progress=False)
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
     # the skipped run keeps the seconds measured when it was trained; the other rows stay
@@ -112,7 +138,7 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     assert second == first
     # another config into the same folder is refused and reported, the finished run is kept
     with pytest.raises(UserError, match="every run failed"):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped"], out=out,
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
                      workers=1, progress=False, extra=["train.lr=0.01"])
     assert "another config (train.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
@@ -121,8 +147,8 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
 def test_bad_arguments(experiments, tmp_path):
     with pytest.raises(UserError, match="unknown task 'sorting'"):
         rp.reproduce("looped", tasks=["sorting"], out=tmp_path)
-    with pytest.raises(UserError, match="unknown method"):
-        rp.reproduce("looped", methods=["lstm"], out=tmp_path)
+    with pytest.raises(UserError, match="unknown arm"):
+        rp.reproduce("looped", arms=["lstm"], out=tmp_path)
     with pytest.raises(UserError, match="unknown paper"):
         rp.reproduce("transformers", out=tmp_path)
     with pytest.raises(UserError, match="unknown scale"):
@@ -137,7 +163,7 @@ def no_runs(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, needle", [
     ({"tasks": []}, "--tasks names no task"),
-    ({"methods": []}, "--methods names no method"),
+    ({"arms": []}, "--arms names no arm"),
     ({"samples": -1}, "--samples must be >= 1"),
     ({"extra": ["train.model_seed=7"]}, "use --seeds"),
     ({"extra": ["train.data_seed=7"]}, "use --seeds"),
@@ -145,7 +171,7 @@ def no_runs(monkeypatch):
     ({"extra": ["train={model_seed=5, threads=3}"]}, "use --seeds"),
 ], ids=["no-task", "no-method", "samples", "model-seed", "data-seed", "threads", "inline-table"])
 def test_bad_arguments_are_refused_before_any_run(experiments, tmp_path, no_runs, kwargs, needle):
-    args = {"tasks": ["parity"], "methods": ["ntp"], "seeds": 1, "workers": 1, "progress": False, **kwargs}
+    args = {"tasks": ["parity"], "arms": ["ntp"], "seeds": 1, "workers": 1, "progress": False, **kwargs}
     with pytest.raises(UserError, match=needle):
         rp.reproduce("looped", "cpu", out=tmp_path / "out", **args)
     assert not (tmp_path / "out").exists()
@@ -154,7 +180,7 @@ def test_bad_arguments_are_refused_before_any_run(experiments, tmp_path, no_runs
 def test_out_that_is_a_file_is_refused(experiments, tmp_path, no_runs):
     (tmp_path / "out").write_text("notes")
     with pytest.raises(UserError, match="is a file"):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["ntp"], out=tmp_path / "out",
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["ntp"], out=tmp_path / "out",
                      workers=1, progress=False)
 
 
@@ -165,19 +191,19 @@ class Planned(Exception):
 def test_a_name_given_twice_is_one_run(experiments, tmp_path, monkeypatch):
     planned = []
 
-    def plan(paper, scale, tasks, methods, *args):
-        planned.append((tasks, methods))
+    def plan(grid, scale, tasks, arms, *args):
+        planned.append((tasks, arms))
         raise Planned  # stop before anything runs
 
-    monkeypatch.setattr(rp, "plan", plan)
+    monkeypatch.setattr(grids, "plan", plan)
     with pytest.raises(Planned):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy", "parity"], methods=["ntp", "looped", "ntp"],
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy", "parity"], arms=["ntp", "looped", "ntp"],
                      out=tmp_path / "out", workers=2, progress=False)
     assert planned == [(["parity", "copy"], ["ntp", "looped"])]
 
 
 def parity_ntp(out, samples):
-    (job,) = rp.plan("looped", "cpu", ["parity"], ["ntp"], 1, out, workers=1, samples=samples, threads=1)
+    (job,) = plan(["parity"], ["ntp"], 1, out, workers=1, samples=samples, threads=1)
     return job
 
 
@@ -225,7 +251,7 @@ def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monke
     import lengthgen.train as trainer
     monkeypatch.setattr(trainer, "native_bf16", lambda device: False)
     with pytest.raises(UserError, match="native bf16"):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], methods=["looped", "ntp"], out=tmp_path / "out",
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped", "ntp"], out=tmp_path / "out",
                      workers=1, progress=False, extra=["train.precision=bf16"])
     assert not (tmp_path / "out").exists()
 
@@ -258,8 +284,8 @@ def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):
         PRESET.format(task="parity", model_extra="", lengths="2").replace("steps = 30", "steps = 1000000"))
     out = tmp_path / "out"
     driver = ("import sys; from pathlib import Path; from lengthgen import reproduce as rp; "
-              "rp.ROOT = Path(sys.argv[1]); rp.reproduce('looped', 'cpu', seeds=1, tasks=['parity'], "
-              "methods=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False)")
+              "rp.reproduce(sys.argv[1] + '/looped', 'cpu', seeds=1, tasks=['parity'], "
+              "arms=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False)")
     proc = subprocess.Popen([sys.executable, "-c", driver, str(experiments), str(out)], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

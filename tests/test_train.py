@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import config
+from lengthgen import presets
 from lengthgen.errors import TrainingDiverged, UserError
 from lengthgen.evaluate import accuracy_at, load_run
 from lengthgen.methods import NextTokenPrediction
@@ -24,12 +24,12 @@ TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy
 
 
 def tiny(*extra: str):
-    return config.load(None, TINY + list(extra))
+    return presets.load(None, TINY + list(extra))
 
 
 def test_tiny_run_learns_copy(tmp_path):
     """A small RoPE decoder must copy perfectly at its training lengths."""
-    cfg = config.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
+    cfg = presets.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
                              "model.position=rope", "train.steps=600", "train.lr=0.002", "train.warmup_steps=50",
                              "train.log_interval=100", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)

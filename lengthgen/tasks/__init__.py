@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 
 from .addition import Addition
-from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task
+from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, measure, score
 from .binary_sum import BinarySum
 from .copy import Copy
 from .multiplication import Multiplication
@@ -25,5 +25,5 @@ def get_task(name: str, **options) -> Task:
     return TASKS[name](**options)
 
 
-__all__ = ["TASKS", "get_task", "Batch", "Task", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
+__all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet"]

@@ -47,6 +47,10 @@ class Batch:
     def scored(self) -> Tensor:  # (B, L) bool
         return self.targets != IGNORE
 
+    @property
+    def widths(self) -> Tensor:  # (B,) columns each sample needs: one past its last scored position
+        return self.question_len + self.scored.sum(1) - 1
+
     def to(self, device) -> "Batch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         moved = {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in moved.items()}
@@ -151,6 +155,7 @@ class Task:
     answer_symbols: int = 2
     eos: bool = True  # answers end with a scored EOS; False where the question fixes the answer length
     example: str = ""  # one rendered example for `lengthgen tasks`, e.g. "10110= -> 1"
+    metric_names: tuple[str, ...] = ()  # the task's own metrics, beside accuracy and token_accuracy
 
     def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
         pass
@@ -215,12 +220,34 @@ class Task:
             answer_ids = answer_ids[:-1]
         return self.decode(batch.inputs[i, :q]), self.decode(answer_ids)
 
+    def metrics(self, pred: Tensor, batch: Batch) -> dict[str, Tensor]:
+        """The task's own metrics of predictions `pred` (B, L) (read at the scored positions),
+        per sample: {name: (B,) float} for every name in `metric_names`. Evaluation averages
+        them over the test samples into columns of eval.csv, as it does exact match."""
+        return {}
+
     def random_baseline(self, length: int, samples: int = 2000) -> float:
         """Exact-match chance of guessing each answer token uniformly at random
         (answer length given), averaged over samples drawn at this length."""
         batch = self.sample(samples, length, torch.Generator().manual_seed(0))
         answer_len = batch.scored.sum(1) - (batch.targets == EOS).sum(1)  # EOS excluded: its place is known
         return float((self.answer_symbols ** -answer_len.double()).mean())
+
+
+def score(pred: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Per-sample (exact match, token accuracy) over the scored positions."""
+    scored = batch.scored
+    right = (pred == batch.targets) & scored
+    exact = (right | ~scored).all(1)
+    token = right.sum(1).float() / scored.sum(1).clamp(min=1)
+    return exact, token
+
+
+def measure(task: Task, pred: Tensor, batch: Batch) -> dict[str, Tensor]:
+    """Every metric of `pred` (B, L) per sample: accuracy (exact match), token_accuracy and
+    the task's own (Task.metrics)."""
+    exact, token = score(pred, batch)
+    return {"accuracy": exact, "token_accuracy": token, **task.metrics(pred, batch)}
 
 
 def sample_mixed(task: Task, batch_size: int, low: int, high: int, generator: torch.Generator) -> Batch:

@@ -1,0 +1,153 @@
+"""Figures of a report, drawn from the series of lengthgen.series.
+
+- accuracy_vs_length: a panel per task, a line per series, training lengths shaded;
+- accuracy_vs_iteration: from per_step.csv, a panel per looped series, a line per
+  test length, markers at the step each stop rule picked;
+- heatmap: a metric over length x a swept task option, a panel per task and series.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from .errors import UserError
+from .series import STEP_VALUES, as_number, key_columns, series_colors, series_labels, task_view
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot(agg: list[dict], path: Path, metric: str = "accuracy") -> None:
+    """`metric` vs length, one panel per task, training range shaded, one legend below."""
+    plt = _pyplot()
+    tasks = sorted({a["task"] for a in agg})
+    colors, labels = series_colors(agg), series_labels(agg)
+    cols = min(3, len(tasks))
+    rows_n = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.4 * rows_n), squeeze=False)
+    legend: dict[str, object] = {}  # label -> handle, across panels
+    err_key = "stderr" if metric == "accuracy" else f"{metric}_stderr"
+    for ax, task in zip(axes.flat, tasks):
+        v = task_view(agg, task, labels)
+        if min(v["lengths"]) <= v["train_max"]:  # shade only training lengths that were evaluated
+            ax.axvspan(min(v["lengths"]) - 0.5, v["train_max"] + 0.5, color="0.9", label="training lengths")
+        for key, label in zip(v["series"], v["labels"]):
+            s = [v["at"][(key, n)] for n in v["lengths"] if (key, n) in v["at"]]
+            err = [0 if math.isnan(a[err_key]) else a[err_key] for a in s]
+            seeds = max(a["seeds"] for a in s)
+            ax.errorbar([a["length"] for a in s], [a[metric] for a in s], yerr=err, marker="o", ms=3,
+                        capsize=2, color=colors[key], label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")
+        if metric == "accuracy":
+            at = {}
+            for a in v["rows"]:
+                at.setdefault(a["length"], []).append(a["baseline"])
+            ax.plot(v["lengths"], [max(at[n]) for n in v["lengths"]], "k--", lw=1, label="random guess")
+        name = "exact-match accuracy" if metric == "accuracy" else metric
+        ax.set(title=task, xlabel="problem length n", ylabel=name, ylim=(-0.03, 1.03))
+        handles, names = ax.get_legend_handles_labels()
+        legend.update(zip(names, handles))
+    for ax in axes.flat[len(tasks):]:
+        ax.axis("off")
+    ncol = min(cols, len(legend))  # a legend column per panel column keeps the labels inside the figure
+    legend_height = 0.2 * math.ceil(len(legend) / ncol) + 0.2  # inches
+    fig.set_figheight(3.4 * rows_n + legend_height)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend_height / fig.get_figheight(), 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_heatmap(agg: list[dict], path: Path, y: str, metric: str = "accuracy") -> None:
+    """`metric` (mean over seeds) over length (x) and the column `y` (a swept task option),
+    one panel per task and series (the series without `y`); the training maximum marked."""
+    plt = _pyplot()
+    rows = [a for a in agg if a.get(y, "") != ""]
+    if not rows:
+        raise UserError(f"no result row has a {y!r} column to draw a heatmap over (is it in eval.sweep?)")
+    drop = lambda s: tuple((k, v) for k, v in s if k != y)  # noqa: E731
+    # each panel's series, without y; a training option of y's name keeps its full key (task.options.k)
+    labels = series_labels([{"series": drop(a["series"])} for a in rows], frozenset({y}))
+    panels = sorted({(a["task"], drop(a["series"])) for a in rows}, key=lambda p: (p[0], labels[p[1]]))
+    cols = min(3, len(panels))
+    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols, squeeze=False,
+                             figsize=(5.6 * cols, 3.6 * math.ceil(len(panels) / cols)))
+    for ax, (task, series) in zip(axes.flat, panels):
+        mine = [a for a in rows if a["task"] == task and drop(a["series"]) == series]
+        xs = sorted({a["length"] for a in mine})
+        ys = sorted({a[y] for a in mine}, key=as_number)
+        grid = [[math.nan] * len(xs) for _ in ys]
+        for a in mine:
+            grid[ys.index(a[y])][xs.index(a["length"])] = a[metric]
+        image = ax.imshow(grid, origin="lower", aspect="auto", vmin=0, vmax=1, cmap="viridis",
+                          extent=(-0.5, len(xs) - 0.5, -0.5, len(ys) - 0.5))
+        if len(xs) * len(ys) <= 120:  # small enough to print each value in its cell
+            for i, row in enumerate(grid):
+                for j, value in enumerate(row):
+                    if not math.isnan(value):
+                        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                                color="k" if value > 0.6 else "w")
+        beyond = [i for i, n in enumerate(xs) if n > mine[0]["train_max"]]
+        if beyond and beyond[0] > 0:
+            ax.axvline(beyond[0] - 0.5, color="w", lw=1.5, ls="--")
+        ax.set_xticks(range(len(xs)), [str(n) for n in xs], rotation=90 if len(xs) > 12 else 0, fontsize=7)
+        ax.set_yticks(range(len(ys)), ys, fontsize=7)
+        seeds = max(a["seeds"] for a in mine)
+        ax.set_title(f"{task}: {labels[series]} ({seeds} seed{'s' * (seeds > 1)})", fontsize=9)
+        ax.set(xlabel="problem length n", ylabel=f"{y} (in evaluation)")
+        fig.colorbar(image, ax=ax, label=metric)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: int = 6) -> None:
+    """Accuracy vs iteration, one line per test length (mean over seeds), one panel per
+    series (every key column but the stop rule); markers show the step each stop rule
+    picked (mean over seeds)."""
+    from .stopping import RULES
+
+    plt = _pyplot()
+    keys = [k for k in key_columns(steps, STEP_VALUES) if k != "stop"]
+    key_columns(evals)  # the same columns, "" where missing
+    panel_of = lambda r: tuple(r.get(k, "") for k in keys)  # noqa: E731
+    panels = sorted({panel_of(r) for r in steps})
+    names = series_labels([{"series": tuple(zip(keys[1:], p[1:])) + (("stop", ""),)} for p in panels])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        rows = [r for r in steps if panel_of(r) == panel]
+        lengths = sorted({r["length"] for r in rows})
+        pick = sorted({lengths[round(i * (len(lengths) - 1) / max(1, max_lines - 1))] for i in range(min(max_lines, len(lengths)))})
+        colors = plt.cm.viridis([i / max(1, len(pick) - 1) for i in range(len(pick))])
+        seeds = len({r["seed"] for r in rows})
+        for n, color in zip(pick, colors):
+            by_t = defaultdict(list)
+            for r in rows:
+                if r["length"] == n:
+                    by_t[r["iteration"]].append(r["accuracy"])
+            ts = sorted(t for t in by_t if len(by_t[t]) == seeds)
+            acc = {t: sum(by_t[t]) / seeds for t in ts}
+            ax.plot(ts, [acc[t] for t in ts], color=color, lw=1.2, label=f"n = {n}")
+            for rule in RULES.values():
+                chosen = [e["stop_step"] for e in evals if panel_of(e) == panel and e["length"] == n
+                          and e["stop"].split(":")[0] == rule.name]
+                if chosen:
+                    t = sum(chosen) / len(chosen)
+                    y = acc.get(round(t), float("nan"))
+                    ax.plot([t], [y], marker=rule.marker, color=color, ms=8, mfc=color if rule.marker == "x" else "none")
+        for rule in RULES.values():
+            ax.plot([], [], marker=rule.marker, color="k", ls="none", mfc="k" if rule.marker == "x" else "none",
+                    label=rule.label)
+        series = tuple(zip(keys[1:], panel[1:])) + (("stop", ""),)
+        ax.set(title=f"{panel[0]}: {names[series]} ({seeds} seed{'s' * (seeds > 1)})", xlabel="iteration t",
+               ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,180 @@
+"""Load a config: defaults <- preset TOML <- --set, then validated against the registries.
+
+lengthgen.config reads and types the data; the checks here also need the task,
+method, scheme and transform registries, so they sit above those modules in the
+import graph (config.py imports none of them). Every message is one line naming
+the key; the CLI turns it into exit code 2 before anything is written.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from dataclasses import fields
+from pathlib import Path
+
+from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS,
+                     NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS, Config, _hint, from_data,
+                     parse_lengths, read)
+from .errors import ConfigError
+from .methods import METHODS, get_method
+from .positions import SCHEMES
+from .tasks import TASKS, get_task
+from .transforms import TRANSFORMS, base_ids, build_transform, real_columns
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_options(key: str, options: dict, cls: type, owner: str, skip: tuple[str, ...] = ()) -> None:
+    """Every key of an options table (`task.options`, `model.position_options`, ...) must be
+    a keyword of `cls`'s constructor."""
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", *skip)]
+    for name in options:
+        check(name in accepted, f"{key}.{name} is not an option of {owner}{_hint(name, accepted)}; "
+                                f"its options: {', '.join(accepted) or 'none'}")
+
+
+def built(key: str, make):
+    """make(), with its TypeError / ValueError (a bad option value) as a ConfigError naming `key`."""
+    try:
+        return make()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def training_positions(cfg: Config) -> tuple[int, int]:
+    """(tokens in the widest training sequence, its largest position ID before any transform),
+    measured on a fixed sample at task.train_max, as the method lays it out (the pause
+    tokens of ntp-pause); widths differ between samples of some tasks."""
+    import torch
+
+    samples = max(1, min(256, 1_000_000 // cfg.task.train_max))  # bounded memory at huge lengths
+    batch = get_task(cfg.task.name, **cfg.task.options).sample(
+        samples, cfg.task.train_max, torch.Generator().manual_seed(0))
+    batch = built(f"method {cfg.method}", lambda: get_method(cfg.method).model_batch(batch))
+    largest = int(base_ids(batch).masked_fill(~real_columns(batch), 0).max())
+    return batch.inputs.shape[1], largest
+
+
+def longest_sequence(cfg: Config) -> int:
+    """Tokens in the widest training sequence at task.train_max."""
+    return training_positions(cfg)[0]
+
+
+def largest_position_id(cfg: Config) -> int:
+    """The largest position ID training can produce: the task's (or 0..L-1's) at
+    task.train_max, as the position transform maps it. ConfigError if it does not fit the
+    transform's range."""
+    _, base = training_positions(cfg)
+    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
+    return built("train.position_transform_options", lambda: transform.largest_id(base))
+
+
+def validate(cfg: Config) -> Config:
+    """Reject impossible values; each message names the key."""
+    t, m, tr, ev = cfg.task, cfg.model, cfg.train, cfg.eval
+    for section in ("model", "train"):  # TOML has inf and nan: `train.lr=inf` would pass `> 0`
+        for f in fields(getattr(cfg, section)):
+            value = getattr(getattr(cfg, section), f.name)
+            check(f.type != "float" or math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value}")
+    check(cfg.method in METHODS, f"method {cfg.method!r} is unknown{_hint(cfg.method, METHODS)}; choose from {', '.join(METHODS)}")
+    check(t.name in TASKS, f"task.name {t.name!r} is unknown{_hint(t.name, TASKS)}; choose from {', '.join(TASKS)}")
+    check(t.train_min >= 1, f"task.train_min must be >= 1, got {t.train_min}")
+    check(t.train_max >= t.train_min, f"task.train_max ({t.train_max}) must be >= task.train_min ({t.train_min})")
+    check(t.train_max <= MAX_LENGTH, f"task.train_max must be <= {MAX_LENGTH}, got {t.train_max}")
+    check(m.position in SCHEMES, f"model.position {m.position!r} is unknown{_hint(m.position, SCHEMES)}; choose from {', '.join(SCHEMES)}")
+    for key in ("d_model", "n_layer", "n_head", "mlp_ratio", "max_positions"):
+        check(getattr(m, key) >= 1, f"model.{key} must be >= 1, got {getattr(m, key)}")
+    check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
+    check(m.position != "rope" or (m.d_model // m.n_head) % 2 == 0, "model.position rope needs an even head width (d_model / n_head)")
+    for key in ("dropout", "attn_dropout"):
+        check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)}")
+    for key, choices in (("init", INITS), ("norm", NORMS), ("mlp", MLPS), ("residual", RESIDUALS)):
+        value = getattr(m, key)
+        check(value in choices, f"model.{key} {value!r} is unknown{_hint(value, choices)}; choose from {', '.join(choices)}")
+    for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):
+        check(getattr(tr, key) >= 1, f"train.{key} must be >= 1, got {getattr(tr, key)}")
+    check(tr.lr > 0, f"train.lr must be > 0, got {tr.lr}")
+    check(tr.weight_decay >= 0, f"train.weight_decay must be >= 0, got {tr.weight_decay}")
+    check(len(tr.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                     and 0 <= b < 1 for b in tr.betas),
+          f"train.betas must be two numbers in [0, 1), got {tr.betas}")
+    tr.betas = [float(b) for b in tr.betas]  # AdamW refuses ints: `[0, 0.99]` means [0.0, 0.99]
+    check(tr.grad_clip >= 0, f"train.grad_clip must be >= 0, got {tr.grad_clip}")
+    check(tr.schedule in SCHEDULES, f"train.schedule {tr.schedule!r} is unknown{_hint(tr.schedule, SCHEDULES)}; choose from {', '.join(SCHEDULES)}")
+    check(tr.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {tr.warmup_steps}")
+    check(tr.schedule != "constant" or tr.warmup_steps == 0,
+          f"train.warmup_steps ({tr.warmup_steps}) has no effect with train.schedule constant; "
+          "use cosine or curriculum_cosine, or set train.warmup_steps=0")
+    check(0 <= tr.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {tr.min_lr_ratio}")
+    check(tr.curriculum_start == 0 or t.train_min <= tr.curriculum_start <= t.train_max,
+          f"train.curriculum_start ({tr.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
+    check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
+    check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
+    check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
+    check(0 <= tr.threads <= MAX_THREADS, f"train.threads must be in 0..{MAX_THREADS}, got {tr.threads}")
+    for key in ("model_seed", "data_seed"):
+        check(0 <= getattr(tr, key) < MAX_SEED, f"train.{key} must be in [0, 2**63), got {getattr(tr, key)}")
+    check(0 <= ev.seed < MAX_EVAL_SEED, f"eval.seed must be in [0, 2**40), got {ev.seed}")
+    check(DEVICE_PATTERN.fullmatch(tr.device) is not None,
+          f"train.device {tr.device!r} must be auto, cpu, cuda, cuda:N or mps")
+    try:
+        parse_lengths(ev.lengths)
+    except ConfigError as err:  # its message starts "lengths ...": name the key
+        raise ConfigError(f"eval.{err}") from None
+    check(ev.samples >= 1, f"eval.samples must be >= 1, got {ev.samples}")
+    check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
+    check_options("task.options", t.options, TASKS[t.name], t.name)
+    built("task.options", lambda: get_task(t.name, **t.options))
+    check_options("model.position_options", m.position_options, SCHEMES[m.position], m.position, skip=("cfg",))
+    if m.position_options:  # a scheme checks its own option values when built
+        built("model.position_options", lambda: SCHEMES[m.position](m, **m.position_options))
+    check_sweep(cfg)
+    name = tr.position_transform
+    check(name in TRANSFORMS, f"train.position_transform {name!r} is unknown{_hint(name, TRANSFORMS)}; "
+                              f"choose from {', '.join(TRANSFORMS)}")
+    check_options("train.position_transform_options", tr.position_transform_options, TRANSFORMS[name], name)
+    built("train.position_transform_options", lambda: build_transform(name, tr.position_transform_options))
+    method = get_method(cfg.method)
+    check(name == "none" or method.accepts_position_ids,
+          f"train.position_transform {name!r} needs a method that reads position IDs; {cfg.method} lays out its own")
+    if m.position in TABLE_POSITIONS or name != "none":  # a table overrun would fail at step 1, after the folder is made
+        largest = largest_position_id(cfg)
+        if name == "none":
+            check(largest < m.max_positions,
+                  f"model.max_positions ({m.max_positions}) is shorter than the longest training sequence "
+                  f"({largest + 1} tokens at task.train_max {t.train_max}); set it to at least {largest + 1}")
+        elif m.position in TABLE_POSITIONS:
+            check(largest < m.max_positions,
+                  f"model.max_positions ({m.max_positions}) is too small for train.position_transform {name}, which "
+                  f"trains position IDs up to {largest}; set it to at least {largest + 1}")
+    return cfg
+
+
+def check_sweep(cfg: Config) -> None:
+    """eval.sweep: task options, each with a non-empty list of values the task accepts
+    without changing its vocabulary."""
+    t, sweep = cfg.task, cfg.eval.sweep
+    check_options("eval.sweep", sweep, TASKS[t.name], t.name)
+    for key, values in sweep.items():
+        check(isinstance(values, list) and values and len(set(map(repr, values))) == len(values),
+              f"eval.sweep.{key} must be a non-empty list of distinct values, got {values!r}")
+    vocab = get_task(t.name, **t.options).vocab
+    for combo in itertools.product(*sweep.values()):
+        options = {**t.options, **dict(zip(sweep, combo))}
+        where = f"eval.sweep ({', '.join(f'{k}={v!r}' for k, v in zip(sweep, combo))})"
+        check(built(where, lambda: get_task(t.name, **options)).vocab == vocab,
+              f"{where} changes the task's vocabulary, which the trained model cannot read")
+
+
+def load(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- preset TOML <- --set overrides, then validated."""
+    return validate(read(preset, overrides))
+
+
+def from_dict(data: dict) -> Config:
+    """A validated Config from a dict such as to_dict's (a checkpoint's state)."""
+    return validate(from_data(data))

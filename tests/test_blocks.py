@@ -1,0 +1,150 @@
+"""Block variants as config, each against a reference written by hand from its formula."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lengthgen.config import ModelConfig
+from lengthgen.model import Block, Transformer
+from lengthgen.positions import PositionalScheme, default_position_ids
+
+D, H = 16, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{"d_model": D, "n_layer": 2, "n_head": H, "mlp_ratio": 2, **kw})
+
+
+def x(B=2, T=5, seed=0):
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(seed))
+
+
+def randomise(module, seed=1):
+    """Non-trivial weights everywhere (norm gains and biases included), so no term hides."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
+    return module.eval()
+
+
+def attention_by_hand(attn, h):
+    """Causal multi-head attention from its weights: softmax(q k^T / sqrt(Dh)) v, then c_proj."""
+    B, T, _ = h.shape
+    W, b = attn.c_attn.weight, attn.c_attn.bias
+    qkv = h @ W.T + (b if b is not None else 0)
+    q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in qkv.split(D, -1))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D // H)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D)
+    return y @ attn.c_proj.weight.T + (attn.c_proj.bias if attn.c_proj.bias is not None else 0)
+
+
+def rms_by_hand(norm, h):
+    return h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + torch.finfo(h.dtype).eps) * norm.weight
+
+
+def layer_by_hand(norm, h):
+    mean, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
+    return (h - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias
+
+
+def mlp_by_hand(mlp, h, kind):
+    lin = lambda layer, t: t @ layer.weight.T + (layer.bias if layer.bias is not None else 0)  # noqa: E731
+    if kind == "swiglu":  # Shazeer 2020: (silu(x W_gate) * (x W_fc)) W_proj
+        hidden = lin(mlp.c_gate, h) * torch.sigmoid(lin(mlp.c_gate, h)) * lin(mlp.c_fc, h)
+    else:  # GPT-2's tanh-free GELU: x * Phi(x)
+        pre = lin(mlp.c_fc, h)
+        hidden = pre * 0.5 * (1 + torch.erf(pre / math.sqrt(2)))
+    return lin(mlp.c_proj, hidden)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("mlp", ["gelu", "swiglu"])
+@pytest.mark.parametrize("residual", ["pre-norm", "norm-before-add"])
+@pytest.mark.parametrize("bias", [True, False])
+@torch.no_grad()
+def test_block_equals_its_formula(norm, mlp, residual, bias):
+    c = cfg(norm=norm, mlp=mlp, residual=residual, bias=bias)
+    block = randomise(Block(c, 0))
+    h = x()
+    by_norm = rms_by_hand if norm == "rmsnorm" else layer_by_hand
+    ln1 = lambda t: by_norm(block.ln_1, t)  # noqa: E731
+    ln2 = lambda t: by_norm(block.ln_2, t)  # noqa: E731
+    attn = lambda t: attention_by_hand(block.attn, t)  # noqa: E731
+    ff = lambda t: mlp_by_hand(block.mlp, t, mlp)  # noqa: E731
+    if residual == "pre-norm":  # x = x + attn(ln1(x)); x = x + mlp(ln2(x))
+        h1 = h + attn(ln1(h))
+        want = h1 + ff(ln2(h1))
+    else:  # the TRA notebook: x = ln1(x); x = x + attn(x); x = ln2(x); x = x + mlp(x)
+        h1 = ln1(h)
+        h2 = ln2(h1 + attn(h1))
+        want = h2 + ff(h2)
+    got = block(h, PositionalScheme(c), default_position_ids(h.shape[1]))
+    error, scale = float((got - want).abs().max()), float(want.abs().max())
+    assert error <= 1e-6 * scale + 1e-6, (error, scale)  # float32 rounding of values up to ~100
+
+
+def test_bias_false_removes_every_bias_of_the_blocks_linear_layers():
+    for mlp in ("gelu", "swiglu"):
+        model = Transformer(cfg(bias=False, mlp=mlp), 11)
+        linears = [m for name, m in model.blocks.named_modules() if isinstance(m, torch.nn.Linear)]
+        assert len(linears) == 2 * (2 + (3 if mlp == "swiglu" else 2)) and all(m.bias is None for m in linears)
+        # the per-layer parameter count: q/k/v + out, and 2 or 3 MLP matrices, plus two norms
+        hidden, matrices = 2 * D, (3 if mlp == "swiglu" else 2)
+        norms = sum(p.numel() for name, p in model.blocks[0].named_parameters() if name.startswith("ln_"))
+        assert sum(p.numel() for p in model.blocks[0].parameters()) == 4 * D * D + matrices * D * hidden + norms
+
+
+@torch.no_grad()
+def test_rmsnorm_reaches_the_final_norm_and_the_read_out():
+    model = randomise(Transformer(cfg(norm="rmsnorm"), 11))
+    assert isinstance(model.ln_f, torch.nn.RMSNorm) and all(isinstance(b.ln_1, torch.nn.RMSNorm) for b in model.blocks)
+    h = x()
+    assert torch.allclose(model.head(h), rms_by_hand(model.ln_f, h) @ model.lm_head.weight.T, atol=1e-5)
+
+
+def test_attention_dropout_and_residual_dropout_are_separate(monkeypatch):
+    """SDPA gets model.attn_dropout as dropout_p; the residual dropouts get model.dropout."""
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def record(*args, dropout_p=0.0, **kw):
+        seen.append(dropout_p)
+        return sdpa(*args, dropout_p=dropout_p, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    model = Transformer(cfg(dropout=0.1, attn_dropout=0.3), 11).train()
+    drops = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert {p for name, p in drops.items() if name.endswith("attn_drop")} == {0.3}
+    assert {p for name, p in drops.items() if not name.endswith("attn_drop")} == {0.1}
+    model(torch.randint(0, 11, (2, 5)))
+    assert seen == [0.3, 0.3]
+    model.eval()(torch.randint(0, 11, (2, 5)))
+    assert seen[2:] == [0.0, 0.0]
+
+
+def test_the_tra_block_learns_a_fixed_batch():
+    """RMSNorm, SwiGLU 2x, no biases, norm-before-add, attention dropout: a tiny model still fits."""
+    torch.manual_seed(0)
+    model = Transformer(cfg(norm="rmsnorm", mlp="swiglu", bias=False, residual="norm-before-add",
+                            attn_dropout=0.01, position="rope"), 11)
+    tokens = torch.randint(0, 11, (8, 12), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(150):
+        loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.3 * losses[0], losses[::30]

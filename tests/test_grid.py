@@ -1,0 +1,212 @@
+"""Reproductions as data: a toy paper declared in a temporary folder runs end to end with
+no code change, its report keeps the axis values apart, and bad grids are one-line errors.
+Also: the import graph has no cycle, and the code that runs grids names no paper, task or method."""
+from __future__ import annotations
+
+import ast
+import csv
+from pathlib import Path
+
+import pytest
+
+from lengthgen import grid as grids
+from lengthgen.cli import main
+from lengthgen.errors import UserError
+from lengthgen.methods import METHODS
+from lengthgen.series import aggregate, collect
+from lengthgen.reproduce import reproduce
+from lengthgen.tasks import TASKS
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lengthgen"
+
+PRESET = """
+method = "ntp"
+[task]
+name = "multiplication"
+train_max = 3
+[model]
+d_model = 16
+n_layer = 1
+n_head = 2
+[train]
+steps = 20
+batch_size = 8
+log_interval = 10
+checkpoint_interval = 10
+device = "cpu"
+[eval]
+lengths = "2,4"
+samples = 16
+sweep = {max_a_bits = [1, 2]}
+"""
+
+GRID = """
+title = "A toy paper"
+seeds = 2
+[tasks.multiplication]
+axes = {"task.options.max_a_bits" = [1, 2]}
+[arms.plain]
+set = {method = "ntp"}
+[arms.rope]
+set = {model = {position = "rope"}}
+[arms.wide]
+default = false
+set = {"model.d_model" = 32}
+[report]
+summary = [2.0]
+figures = ["accuracy_vs_length", {kind = "heatmap", y = "max_a_bits"}]
+[scales.cpu]
+"""
+
+
+def toy(folder: Path, grid: str = GRID) -> Path:
+    (folder / "cpu").mkdir(parents=True)
+    (folder / "cpu" / "multiplication.toml").write_text(PRESET)
+    (folder / "grid.toml").write_text(grid)
+    return folder
+
+
+def test_a_toy_paper_runs_end_to_end_and_keeps_axis_values_apart(tmp_path):
+    paper, out = toy(tmp_path / "toy"), tmp_path / "out"
+    report = reproduce(str(paper), out=out, workers=2, progress=False).read_text()
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert runs == [f"multiplication-{arm}-max_a_bits={k}-s{s}" for arm in ("plain", "rope") for k in (1, 2)
+                    for s in (0, 1)]
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    # the arm, the config key telling runs apart (over every declared arm: wide's d_model too,
+    # though it did not run), and the option swept in evaluation, each a column of its own
+    assert {"arm", "task.options.max_a_bits", "model.d_model", "max_a_bits"} <= set(rows[0])
+    assert len(rows) == 8 * 2 * 2  # runs x lengths x swept values
+    agg = aggregate(collect([out]))
+    assert len(agg) == 2 * 2 * 2 * 2 and {a["seeds"] for a in agg} == {2}  # 2 seeds each: nothing averaged across axes
+    assert "plain (task.options.max_a_bits=2, max_a_bits=1)" in report
+    assert "rope (task.options.max_a_bits=1, max_a_bits=2)" in report
+    assert "2× train max" in report and "1.5×" not in report  # the grid's summary columns
+    assert (out / "accuracy_by_length_and_max_a_bits.png").is_file() and (out / "accuracy_vs_length.png").is_file()
+    assert f"lengthgen reproduce {paper} --scale cpu --seeds 2 --tasks multiplication --arms plain,rope" in report
+
+
+def test_labels_do_not_depend_on_which_arms_run(tmp_path):
+    grid = grids.find(str(toy(tmp_path / "toy")))
+    alone = grids.plan(grid, "cpu", ["multiplication"], ["plain"], 1, tmp_path / "out", workers=1)
+    assert alone[0].labels == {"arm": "plain", "model.d_model": 16, "task.options.max_a_bits": 1}
+    wide = grids.plan(grid, "cpu", ["multiplication"], ["wide"], 1, tmp_path / "out", workers=1)
+    assert wide[0].labels["model.d_model"] == 32 and wide[0].folder.endswith("multiplication-wide-max_a_bits=1-s0")
+    # a --set that suits only the arms run now (an option of rope) leaves the others out of the labels
+    theta = ["model.position_options.theta=500000"]
+    rope = grids.plan(grid, "cpu", ["multiplication"], ["rope"], 1, tmp_path / "out", workers=1, extra=theta)
+    assert rope[0].labels == {"arm": "rope", "task.options.max_a_bits": 1}
+    with pytest.raises(UserError, match="not an option of nope"):
+        grids.plan(grid, "cpu", ["multiplication"], ["plain"], 1, tmp_path / "out", workers=1, extra=theta)
+
+
+def test_list_names_every_paper_with_its_tasks_and_arms(tmp_path, monkeypatch, capsys):
+    toy(tmp_path / "experiments" / "toy")
+    monkeypatch.setattr(grids, "ROOT", tmp_path / "experiments")
+    assert main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "toy: A toy paper" in out and "tasks:  multiplication*" in out
+    assert "arms:   plain*, rope*, wide" in out and "axes:   task.options.max_a_bits" in out
+    assert main(["reproduce"]) == 2 and "--list" in capsys.readouterr().err
+
+
+def test_the_looped_paper_is_listed():
+    assert "looped" in grids.papers()
+    text = grids.describe()
+    assert "looped: Looped Transformers" in text and "ntp-pause" in text
+
+
+@pytest.mark.parametrize("change, needle", [
+    (("[arms.plain]\nset", "[arms.plain]\nsett"), "unknown key arms.plain.sett (did you mean set?)"),
+    (("set = {method = \"ntp\"}", "set = {method = \"ntp\"}\nstops = [\"oracle\"]"), "has no stop rules"),
+    (("set = {method = \"ntp\"}", "set = {method = \"ntp\"}\nstops = [\"sometimes\"]"), "arms.plain.stops"),
+    (("[1, 2]}", "[1, \"a/b\"]}"), "cannot name a folder"),
+    (("[arms.plain]", "[tasks.multiplication.arms.other]\n[arms.plain]"), "names no arm"),
+    (("[tasks.multiplication]", "[tasks.multiplication]\npreset = \"cpu/nothing.toml\""), "does not exist"),
+    (("{kind = \"heatmap\", y = \"max_a_bits\"}", "\"pie\""), "unknown report figure 'pie'"),
+    (("[scales.cpu]", ""), "declares no scale"),
+    (("seeds = 2", "seeds = \"two\""), "seeds must be a int"),
+    (("set = {method = \"ntp\"}", "set = {\"model.n_layerz\" = 2}"), "model.n_layerz"),
+], ids=["unknown-key", "stops-without-rules", "bad-stop", "axis-value", "undeclared-arm", "no-preset", "figure",
+        "no-scale", "type", "bad-set"])
+def test_bad_grids_are_one_line_errors_before_any_run(tmp_path, change, needle, capsys):
+    paper = toy(tmp_path / "toy", GRID.replace(*change))
+    assert main(["reproduce", str(paper), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_paper_scale_task_and_arm(tmp_path, capsys):
+    paper = toy(tmp_path / "toy")
+    for args, needle in ((["nowhere"], "unknown paper 'nowhere'"), ([str(paper), "--scale", "gpu"], "unknown scale"),
+                         ([str(paper), "--tasks", "parity"], "unknown task 'parity'"),
+                         ([str(paper), "--arms", "tra"], "unknown arm 'tra'"),
+                         ([str(paper), "--arms", "plain", "--methods", "rope"], "another name for --arms")):
+        assert main(["reproduce", *args, "--out", str(tmp_path / "out")]) == 2
+        assert needle in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# --- the code's shape -----------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every lengthgen module `path` imports, at the top or inside a function."""
+    package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            if not target.startswith("lengthgen"):
+                continue
+            for alias in node.names:  # `from . import checkpoint` imports a module
+                sub = f"{target}.{alias.name}"
+                found.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists() else target)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("lengthgen")}
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+    assert "lengthgen.presets" in graph["lengthgen.checkpoint"]  # the parser sees relative imports
+    assert graph["lengthgen.config"] <= {"lengthgen.errors"}  # config is plain data, at the bottom
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1  # on the current path
+        for nxt in sorted(graph.get(node, ())):
+            assert state.get(nxt) != 1, "import cycle: " + " -> ".join(path + [nxt])
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_the_code_that_runs_grids_names_no_paper_task_or_method():
+    names = set(TASKS) | set(METHODS) | set(grids.papers())
+    for file in ("grid.py", "reproduce.py", "evaluate.py", "series.py", "figures.py", "report.py", "train.py",
+                 "presets.py", "cli.py"):
+        tree = ast.parse((PACKAGE / file).read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and id(n) not in docstrings} & names
+        assert not named, f"lengthgen/{file} names {sorted(named)}"
+
+
+def test_a_grid_error_names_its_file(tmp_path):
+    paper = toy(tmp_path / "toy", GRID.replace("title", "titel"))
+    with pytest.raises(UserError, match=r"grid.toml has an unknown key titel \(did you mean title\?\)"):
+        grids.find(str(paper))
