@@ -8,8 +8,11 @@
            while in fp32 it was 3-11x faster than them
            (benchmarks/attention_paths.py). GPU paths are unchanged.
 - bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
-- content: `scheme.has_content` -> the scheme returns the full masked logits
-           (CoPE, TRA); softmax in float32 here, rows with no kept key give 0.
+- content: `scheme.has_content` -> the scheme computes the attention itself
+           (`attend`: TRA and CoPE run `tra_attention` / `cope_attention` below,
+           queries in chunks so a long window never holds a (T, T) tensor),
+           or returns the full masked logits (`content_logits`), softmaxed in
+           float32 here; a row with no kept key gives 0.
 
 RoPE-style rotation is applied in every path, before the logits are formed.
 
@@ -27,7 +30,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ModelConfig
-from .positions import PositionalScheme
 
 
 def causal_mask(T: int, device=None, dtype=torch.float32) -> Tensor:
@@ -67,6 +69,76 @@ def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.
                            alpha=Dh ** -0.5)  # (B * H, T, T), in q's dtype as before the cast
     att = F.dropout(torch.softmax(logits, dim=-1, dtype=torch.float32), dropout_p)
     return (att.to(v.dtype) @ v.reshape(B * H, T, Dh)).view(B, H, T, Dh)
+
+
+def query_spans(T: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) of each chunk of queries; chunk 0 = all T at once."""
+    chunk = chunk or T
+    return [(s, min(T, s + chunk)) for s in range(0, T, chunk)]
+
+
+def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: int = 0, dropout_p: float = 0.0,
+                  keep: list | None = None) -> Tensor:
+    """Threshold Relative Attention (Opper et al., TMLR 2025), causal, per head.
+
+    q, k, v (B, H, T, Dh); gate_logit (B, H, T), the forget gate before its logsigmoid.
+    q and k are RMS-normalised over Dh (no learned scale); s_ij = relu(q_i . k_j / sqrt(Dh));
+    keys with s_ij = 0 and future keys are dropped; n_ij = the number of kept keys m with
+    j <= m <= i (the most recent kept key has 1); logits s_ij + n_ij * logsigmoid(gate_i)
+    over the kept keys, softmax, and a row with no kept key outputs 0. Returns (B, H, T, Dh).
+
+    Queries run `chunk` at a time (0 = all at once): a chunk of c queries sees only the
+    keys up to its last query, so memory is O(c * T), never (T, T), and the result is the
+    same. `keep`, if a list, gets each chunk's attention weights (B, H, c, keys), detached."""
+    Dh, T = q.shape[-1], q.shape[-2]
+    q, k = F.rms_norm(q, (Dh,)), F.rms_norm(k, (Dh,))
+    gate = F.logsigmoid(gate_logit.float())[..., None]  # (B, H, T, 1), <= 0: forgetting grows with distance
+    out = []
+    for s, e in query_spans(T, chunk):
+        raw = (q[:, :, s:e] @ k[:, :, :e].transpose(-2, -1)).float() * Dh ** -0.5  # (B, H, c, e)
+        causal = torch.arange(e, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
+        kept = (raw > 0) & causal  # relu(raw) = 0 drops the key; where kept, relu(raw) = raw
+        counts = kept.cumsum(-1, dtype=raw.dtype)  # kept keys in [0, j]; the last column: all up to i
+        distance = counts[..., -1:] - counts + kept  # kept keys in [j, i]
+        dead = counts[..., -1:] == 0  # (B, H, c, 1): a query that kept no key
+        # a dead row keeps its raw scores (finite, so no NaN anywhere) and its output is zeroed below
+        logits = torch.where(kept | dead, torch.addcmul(raw, distance, gate[:, :, s:e]), float("-inf"))
+        att = torch.softmax(logits, dim=-1)
+        if keep is not None:
+            keep.append(att.masked_fill(dead, 0.0).detach())
+        y = F.dropout(att, dropout_p).to(v.dtype) @ v[:, :, :e]  # (B, H, c, Dh)
+        out.append(y.masked_fill(dead, 0.0))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: int, chunk: int = 0,
+                   dropout_p: float = 0.0) -> Tensor:
+    """Contextual position encoding (Golovneva et al., 2024), causal.
+
+    q, k, v (B, H, T, Dh); pos_emb (Dh, npos_max), the position vectors E[p].
+    Gates g_ij = sigmoid(q_i . k_j / sqrt(Dh)) for j <= i (0 for the future); positions
+    p_ij = sum_{m=j..i} g_im, clamped to npos_max - 1; z_i[p] = q_i . E[p] at integer p,
+    linearly interpolated between floor(p) and ceil(p); logits (q_i . k_j + z_i[p_ij]) / sqrt(Dh).
+    Returns (B, H, T, Dh). Queries run `chunk` at a time (0 = all), as in `tra_attention`."""
+    Dh, T = q.shape[-1], q.shape[-2]
+    out = []
+    for s, e in query_spans(T, chunk):
+        qc = q[:, :, s:e]
+        dots = (qc @ k[:, :, :e].transpose(-2, -1)).float()  # (B, H, c, e)
+        causal = torch.arange(e, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
+        gates = torch.sigmoid(dots * Dh ** -0.5).masked_fill(~causal, 0.0)
+        sums = gates.cumsum(-1)  # gates of keys [0, j]; the last column: all up to i
+        pos = (sums[..., -1:] - sums + gates).clamp(max=npos_max - 1)  # gates of keys [j, i], (B, H, c, e)
+        z = (qc @ pos_emb.to(qc.dtype)).float()  # (B, H, c, npos_max): q . E[p] at every integer p
+        low = pos.floor()
+        frac = pos - low
+        low = low.long()
+        high = (low + 1).clamp(max=npos_max - 1)
+        z_at = z.gather(-1, high) * frac + z.gather(-1, low) * (1 - frac)  # (B, H, c, e)
+        logits = ((dots + z_at) * Dh ** -0.5).masked_fill(~causal, float("-inf"))
+        att = torch.softmax(logits, dim=-1)  # every query keeps itself: no empty row
+        out.append(F.dropout(att, dropout_p).to(v.dtype) @ v[:, :, :e])
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
 def use_math_attention(q: Tensor) -> bool:
@@ -133,9 +205,10 @@ class CausalSelfAttention(nn.Module):
         self.attn_drop = nn.Dropout(cfg.attn_dropout)  # content path only; SDPA has its own dropout_p
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
+    def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
                 packed: Packed | None = None) -> Tensor:
-        """x (B, T, D), or packed rows (N, D) with their layout `packed`."""
+        """x (B, T, D), or packed rows (N, D) with their layout `packed`; `scheme` a
+        lengthgen.positions.PositionalScheme."""
         qkv = self.c_attn(x)  # (B, T, 3D) or (N, 3D)
         if packed is not None:
             qkv = packed.pad(qkv)  # (B, T, 3D): rows padded for attention only
@@ -149,7 +222,9 @@ class CausalSelfAttention(nn.Module):
         q, k = scheme.rotate(q, k, position_ids)
         p = self.attn_dropout if self.training else 0.0
 
-        if scheme.has_content:
+        if scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, p)) is not None:
+            pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
+        elif scheme.has_content:
             logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme
             if scheme.has_bias:
                 logits = logits + scheme.bias(position_ids)

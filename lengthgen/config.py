@@ -47,6 +47,7 @@ class ModelConfig:
     residual: str = "pre-norm"  # pre-norm (x + f(norm(x))) or norm-before-add (x = norm(x); x + f(x))
     dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
     attn_dropout: float = 0.0  # dropout on the attention weights
+    mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (after the activation)
     init: str = "gpt2"  # weight init: gpt2 (normal 0.02, scaled residual projections) or torch (torch's module defaults)
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
 

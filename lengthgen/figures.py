@@ -151,3 +151,58 @@ def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: i
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_attention(folder: Path, path: Path, options: dict | None = None, length: int | None = None) -> str:
+    """The attention weights of the run in `folder` on one test sequence (the run's eval seed,
+    at `length`, default its training maximum, with task `options` changed, e.g. a split):
+    a panel per layer and head, a row per scored position (e.g. each read), a column per key;
+    where the task says which input holds each answer (Task.source_positions), a red dot
+    marks it. Returns a caption. The scheme must record its weights (a `keep` dict: tra)."""
+    import torch
+
+    from .evaluate import eval_generator, load_run
+    from .tasks import get_task
+
+    cfg, task, _, model, _ = load_run(folder, torch.device("cpu"))
+    if not hasattr(model.scheme, "keep"):
+        raise UserError(f"{folder}: scheme {cfg.model.position} does not record attention weights (tra does)")
+    task = get_task(cfg.task.name, **{**cfg.task.options, **(options or {})})
+    n = length or cfg.task.train_max
+    batch = task.sample(1, n, eval_generator(cfg.eval.seed, n))
+    width = int(batch.widths[0])
+    model.scheme.keep = {}
+    with torch.no_grad():
+        pred = model(batch.inputs[:, :width], None if batch.position_ids is None else batch.position_ids[:, :width])
+    weights = {layer: torch.cat(chunks, 2)[0] for layer, chunks in model.scheme.keep.items()}  # (H, T, T)
+    model.scheme.keep = None
+    scored = batch.scored[0, :width].nonzero().flatten()
+    right = int(((pred.argmax(-1)[0, scored] == batch.targets[0, scored])).sum())
+    sources = task.source_positions(batch)
+    plt = _pyplot()
+    layers, heads = len(weights), next(iter(weights.values())).shape[0]
+    fig, axes = plt.subplots(layers, heads, figsize=(3.4 * heads, 0.6 + 0.07 * len(scored) * layers + 0.5 * layers),
+                             squeeze=False)
+    text = task.decode(batch.inputs[0, :width])
+    for layer in range(layers):
+        for head in range(heads):
+            ax = axes[layer][head]
+            ax.imshow(weights[layer][head][scored].numpy(), aspect="auto", cmap="Greys", vmin=0, vmax=1,
+                      interpolation="nearest")
+            if sources is not None:
+                src = sources[0, scored]
+                ok = src >= 0
+                ax.plot(src[ok].numpy(), torch.arange(len(scored))[ok].numpy(), "r.", ms=2.5)
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.supxlabel("key position (0 .. {})".format(width - 1), fontsize=8)
+    fig.supylabel("query: each scored position", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    marked = " Red dots: the input that holds each answer." if sources is not None else ""
+    return (f"Run {Path(folder).name}, one test sequence of {task.name} at length {n}"
+            + (f" ({', '.join(f'{k} = {v}' for k, v in options.items())})" if options else "")
+            + f": {right} of {len(scored)} scored positions right. Darker = more weight.{marked} "
+            f"Sequence: `{text[:120]}{'…' if len(text) > 120 else ''}`")

@@ -49,7 +49,7 @@ GRID = "grid.toml"
 # key -> (type, what it is); a table of names (tasks, arms, scales) is checked entry by entry
 ARM_KEYS = {"set": dict, "multiply": dict, "stops": list, "per_step": bool, "default": bool, "description": str}
 TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict}
-REPORT_KEYS = {"summary": list, "figures": list}
+REPORT_KEYS = {"summary": list, "figures": list, "tables": list}
 TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
 RUNTIME_KEYS = {"train.threads", "train.device"}  # how a run executes, not what it computes
 # set per run by the grid itself (--seeds, --threads): a --set of these would be overridden

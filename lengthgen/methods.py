@@ -38,11 +38,15 @@ class Method:
     `has_stop_rules`: `predict_stop(model, batch, rule)` reads out a looped model under a
     rule of lengthgen.stopping, and `--stop` / `--per-step` apply;
     `accepts_position_ids`: the model reads `Batch.position_ids` (task or transform IDs);
+    `needs_answer_region`: the method works on one answer after the question (whole-answer
+    prediction, pause tokens), so tasks scored inside the sequence (Task.answer_region
+    False, e.g. flip-flop) do not suit it;
     `model_batch(batch)`: the batch as the model reads it (for sizing position tables)."""
 
     name = ""
     has_stop_rules = False
     accepts_position_ids = True
+    needs_answer_region = False
 
     def build_model(self, cfg: Config, task: Task) -> nn.Module:
         return Transformer(cfg.model, task.vocab_size)
@@ -73,6 +77,7 @@ class NextTokenPrediction(Method):
 class Looped(Method):
     name = "looped"
     has_stop_rules = True
+    needs_answer_region = True
     injection = True
     loss_scheme = "prefix"  # or "max" (the authors' way): same loss and gradients, more compute
 
@@ -138,6 +143,7 @@ def pause_batch(batch: Batch, n_pause: Tensor | None = None) -> Batch:
 class NTPPause(Method):
     name = "ntp-pause"
     accepts_position_ids = False  # pause_batch lays the sequence out anew
+    needs_answer_region = True
 
     def model_batch(self, batch):
         return pause_batch(batch)

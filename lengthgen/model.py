@@ -4,8 +4,9 @@ Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | swiglu
 (hidden width mlp_ratio * d_model, for both the linear and the gate units of
 SwiGLU); `bias` in the blocks' linear layers; `residual` pre-norm
 (x + f(norm(x)), GPT-2) | norm-before-add (x = norm(x); x + f(x), the TRA
-notebook's block); `dropout` on the residual stream and `attn_dropout` on the
-attention weights. The defaults are GPT-2's block.
+notebook's block); `dropout` on the residual stream, `attn_dropout` on the
+attention weights and `mlp_dropout` on the MLP's hidden units. The defaults are
+GPT-2's block.
 
 The forward pass is split into `embed`, `run_blocks` and `head` because the
 looped model reuses them: it embeds once, applies the blocks T times with
@@ -40,10 +41,11 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, D)
+        return self.drop(self.c_proj(self.hidden_drop(self.gelu(self.c_fc(x)))))  # (B, T, D)
 
 
 class SwiGLU(nn.Module):
@@ -55,10 +57,11 @@ class SwiGLU(nn.Module):
         self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # linear units
         self.c_gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # gate units
         self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x)))  # (B, T, D)
+        return self.drop(self.c_proj(self.hidden_drop(F.silu(self.c_gate(x)) * self.c_fc(x))))  # (B, T, D)
 
 
 MLPS = {"gelu": MLP, "swiglu": SwiGLU}

@@ -5,7 +5,8 @@ A scheme can act in four places (x-transformers separates them the same way):
 1. `embed(x, position_ids)`       added to the input embedding   (learned, sinusoidal, coupled IDs)
 2. `rotate(q, k, position_ids)`   applied to queries and keys     (RoPE)
 3. `bias(position_ids)`           additive attention-logit bias   (ALiBi)
-4. `content_logits(q, k, x, layer)` logits computed from content  (CoPE, TRA)
+4. `content_logits(q, k, x, layer)` logits computed from content, or
+   `attend(q, k, v, x, layer, dropout_p)` the whole attention   (CoPE, TRA)
 
 The base class does nothing in every hook, which is exactly NoPE. Position IDs
 are always passed in explicitly, shape (B, T) or (1, T) (one row broadcast over
@@ -24,6 +25,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .attention import cope_attention, tra_attention
 from .config import ModelConfig
 
 
@@ -77,6 +79,12 @@ class PositionalScheme(nn.Module):
         and all masking: future keys and any key it drops must be -inf. A row
         with every key -inf gives a zero output (not NaN). `layer` is the block
         index, for schemes with per-layer parameters."""
+        return None
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int, dropout_p: float) -> Tensor | None:
+        """The attention output (B, H, T, Dh) computed by the scheme itself (a content
+        scheme that needs more than logits: chunked queries, its own masking), or None to
+        let attention softmax `content_logits`. dropout_p applies to the attention weights."""
         return None
 
 
@@ -197,6 +205,51 @@ class ALiBi(PositionalScheme):
         return -self.slopes[None, :, None, None] * dist[:, None]  # (B|1, H, T, T)
 
 
+class CoPE(PositionalScheme):
+    """Contextual position encoding (Golovneva et al., 2024): positions count the keys a
+    query's gates let through (`attention.cope_attention`). Per layer, learned position
+    vectors E (head_dim, npos_max), zero-initialised, shared by the heads.
+    `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once)."""
+
+    has_content = True
+
+    def __init__(self, cfg: ModelConfig, npos_max: int = 64, chunk: int = 512):
+        super().__init__(cfg)
+        for key, value in (("npos_max", npos_max), ("chunk", chunk)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "npos_max" else 0):
+                raise ValueError(f"cope {key} must be an integer >= {1 if key == 'npos_max' else 0}, got {value!r}")
+        self.npos_max, self.chunk = npos_max, chunk
+        self.pos_emb = nn.ParameterList(nn.Parameter(torch.zeros(self.head_dim, npos_max))
+                                        for _ in range(cfg.n_layer))
+
+    def attend(self, q, k, v, x, layer, dropout_p):
+        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout_p)
+
+
+class TRA(PositionalScheme):
+    """Threshold Relative Attention (Opper et al., TMLR 2025), instead of any positional
+    encoding: keys scoring <= 0 are dropped, and distance counts only the kept keys,
+    weighted by a per-head forget gate of the query (`attention.tra_attention`). Per layer,
+    the gate is Linear(d_model, n_head) with a bias, torch's default init.
+    `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once).
+    Set `keep` to a dict to collect each layer's attention weights (layer -> list of chunks)."""
+
+    has_content = True
+
+    def __init__(self, cfg: ModelConfig, chunk: int = 512):
+        super().__init__(cfg)
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+            raise ValueError(f"tra chunk must be an integer >= 0, got {chunk!r}")
+        self.chunk = chunk
+        self.gates = nn.ModuleList(nn.Linear(cfg.d_model, cfg.n_head) for _ in range(cfg.n_layer))
+        self.keep: dict | None = None
+
+    def attend(self, q, k, v, x, layer, dropout_p):
+        gate_logit = self.gates[layer](x).transpose(1, 2)  # (B, H, T)
+        kept = self.keep.setdefault(layer, []) if self.keep is not None else None
+        return tra_attention(q, k, v, gate_logit, self.chunk, dropout_p, kept)
+
+
 # Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's
 # own settings are keyword arguments after `cfg` (model.position_options, checked against them).
 SCHEMES: dict[str, type[PositionalScheme]] = {
@@ -205,6 +258,8 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
     "sinusoidal": SinusoidalPositions,
     "rope": RoPE,
     "alibi": ALiBi,
+    "cope": CoPE,
+    "tra": TRA,
 }
 
 

@@ -90,7 +90,7 @@ def validate(cfg: Config) -> Config:
         check(getattr(m, key) >= 1, f"model.{key} must be >= 1, got {getattr(m, key)}")
     check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
     check(m.position != "rope" or (m.d_model // m.n_head) % 2 == 0, "model.position rope needs an even head width (d_model / n_head)")
-    for key in ("dropout", "attn_dropout"):
+    for key in ("dropout", "attn_dropout", "mlp_dropout"):
         check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)}")
     for key, choices in (("init", INITS), ("norm", NORMS), ("mlp", MLPS), ("residual", RESIDUALS)):
         value = getattr(m, key)
@@ -128,7 +128,13 @@ def validate(cfg: Config) -> Config:
     check(ev.samples >= 1, f"eval.samples must be >= 1, got {ev.samples}")
     check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
     check_options("task.options", t.options, TASKS[t.name], t.name)
-    built("task.options", lambda: get_task(t.name, **t.options))
+    task = built("task.options", lambda: get_task(t.name, **t.options))
+    check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
+    shortest = min(parse_lengths(ev.lengths))
+    check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
+    check(not (get_method(cfg.method).needs_answer_region and not task.answer_region),
+          f"method {cfg.method} predicts one answer after the question; {t.name} is scored inside the sequence "
+          "(use a next-token method such as ntp)")
     check_options("model.position_options", m.position_options, SCHEMES[m.position], m.position, skip=("cfg",))
     if m.position_options:  # a scheme checks its own option values when built
         built("model.position_options", lambda: SCHEMES[m.position](m, **m.position_options))

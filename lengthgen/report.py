@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
-from .figures import plot, plot_heatmap, plot_per_step
+from .figures import plot, plot_attention, plot_heatmap, plot_per_step
 from .series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
@@ -85,12 +85,46 @@ def figure_specs(layout: dict) -> list[dict]:
     for spec in specs:
         if spec.get("kind") not in FIGURES:
             raise UserError(f"unknown report figure {spec.get('kind')!r}; choose from {', '.join(FIGURES)}")
-        if spec["kind"] == "heatmap" and not isinstance(spec.get("y"), str):
-            raise UserError("a heatmap figure needs y = COLUMN (a task option swept in evaluation)")
+        unknown = set(spec) - FIGURES[spec["kind"]] - {"kind"}
+        if unknown:
+            raise UserError(f"report figure {spec['kind']} has no setting {sorted(unknown)[0]!r}; "
+                            f"its settings: {', '.join(sorted(FIGURES[spec['kind']])) or 'none'}")
+        for key in {"heatmap": ("y",), "attention": ("task",)}.get(spec["kind"], ()):
+            if not isinstance(spec.get(key), str):
+                raise UserError(f"a {spec['kind']} figure needs {key} = NAME")
+    for spec in layout.get("tables", []):
+        if not (isinstance(spec, dict) and isinstance(spec.get("by"), str)) or set(spec) - {"by", "metrics", "names"}:
+            raise UserError(f"a report table is {{by = COLUMN, metrics = [...], names = {{value = header}}}}, got {spec!r}")
     return specs
 
 
-FIGURES = ("accuracy_vs_length", "accuracy_vs_iteration", "heatmap")
+# figure kind -> its settings
+FIGURES = {"accuracy_vs_length": set(), "accuracy_vs_iteration": set(), "heatmap": {"y", "metric"},
+           "attention": {"task", "arm", "options", "length"}}
+
+
+def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
+    """For each task with a `by` column (a swept option) and each length: a row per series,
+    a column per metric and value of `by` (headed by `names[value]` where given)."""
+    rows = [a for a in agg if a.get(by, "") != ""]
+    drop = lambda s: tuple((k, v) for k, v in s if k != by)  # noqa: E731
+    labels = series_labels([{"series": drop(a["series"])} for a in rows], frozenset({by}))
+    parts = []
+    for task in sorted({a["task"] for a in rows}):
+        mine = [a for a in rows if a["task"] == task]
+        values = sorted({a[by] for a in mine}, key=lambda v: list(names).index(v) if v in names else len(names))
+        at = {(drop(a["series"]), a[by], a["length"]): a for a in mine}
+        for length in sorted({a["length"] for a in mine}):
+            series = sorted({drop(a["series"]) for a in mine if a["length"] == length}, key=lambda s: labels[s])
+            head = [f"{names.get(v, f'{by}={v}')} {m}" for m in metrics for v in values]
+            beyond = " (beyond training)" if any(a["length"] > a["train_max"] for a in mine if a["length"] == length) else ""
+            lines = [f"### {task}, length {length}{beyond}", "", "| series | " + " | ".join(head) + " |",
+                     "|---|" + "---:|" * len(head)]
+            for s in series:
+                lines.append(f"| {labels[s]} | " + " | ".join(_cell(at.get((s, v, length)), m)
+                                                             for m in metrics for v in values) + " |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
 
 
 def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", command: str = "",
@@ -118,7 +152,12 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
         text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
     text += ["## Summary", "", f"Exact match at {multiples} the longest training length (the evaluated length "
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
-             summary(agg, factors), "## Per task", "", markdown(agg)]
+             summary(agg, factors)]
+    for spec in layout.get("tables", []):
+        metrics = spec.get("metrics", ["accuracy"])
+        text += [f"## {', '.join(metrics)} by {spec['by']}", "", "Mean ± standard error over seeds (number of seeds "
+                 "in brackets).", "", pivot(agg, spec["by"], metrics, spec.get("names", {}))]
+    text += ["## Per task", "", markdown(agg)]
     for spec in specs:
         kind = spec["kind"]
         if kind == "accuracy_vs_length":
@@ -136,5 +175,19 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
             plot_heatmap(agg, out / name, y, metric)
             text += [f"## {metric} over length and {short_name(y)}", "",
                      "Mean over seeds; the dashed line ends the training lengths.", "", f"![{metric} heatmap]({name})", ""]
+        elif kind == "attention":
+            text += attention_section(spec, rows, out)
     (out / "report.md").write_text("\n".join(text))
     return out / "report.md"
+
+
+def attention_section(spec: dict, rows: list[dict], out: Path) -> list[str]:
+    """The attention weights of one run (the lowest seed of the task and arm asked for) on one
+    test sequence, drawn from its checkpoint: the one figure not rebuilt from rows alone."""
+    mine = [r for r in rows if r["task"] == spec["task"] and r.get("arm", "") == spec.get("arm", r.get("arm", ""))]
+    if not mine:
+        return [f"(no run of {spec['task']} {spec.get('arm', '')} to draw attention from)", ""]
+    run = min(mine, key=lambda r: (r["seed"], r["source"]))
+    name = f"attention_{spec['task']}{'_' + spec['arm'] if spec.get('arm') else ''}.png"
+    caption = plot_attention(Path(run["source"]), out / name, spec.get("options", {}), spec.get("length"))
+    return [f"## Attention on one {spec['task']} sequence", "", caption, "", f"![attention]({name})", ""]

@@ -7,7 +7,8 @@ import torch
 
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
-ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set"]
+ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 # ---------------------------------------------------------------- brute force
@@ -55,9 +56,34 @@ def solve_unique_set(q: str, n: int, symbols: int = 50) -> tuple[str, int]:
     return " ".join(seen), n
 
 
+def solve_copy_symbols(q: str, n: int, symbols: int = 16) -> tuple[str, int]:
+    return _match(rf"([{LETTERS[:symbols]}]{{{n}}})=", q).group(1), n
+
+
+def solve_induct(q: str, n: int, symbols: int = 16) -> tuple[str, int]:
+    text, query = _match(rf"([{LETTERS[:symbols]}]{{{n + 1}}})\?([{LETTERS[:symbols]}])=", q).groups()
+    assert text.count(query) == 1 and text.index(query) < n, (q, "the query must occur once, with a successor")
+    return text[text.index(query) + 1], n
+
+
+def solve_flipflop(q: str, n: int) -> tuple[str, int]:
+    """The read bits of a sequence written without its last bit: every read but the last
+    must already show the last written bit; the first instruction is w, the last r."""
+    m = _match(rf"w[01](?:[wri][01]){{{n - 2}}}r", q)
+    pairs = [m.group(0)[k:k + 2] for k in range(0, 2 * n - 2, 2)]
+    written, reads = None, []
+    for instruction, bit in pairs:
+        if instruction == "w":
+            written = bit
+        elif instruction == "r":
+            assert bit == written, (q, "a read shows another bit than the last write")
+            reads.append(bit)
+    return "".join(reads) + written, n
+
+
 SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_addition,
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
-           "unique_set": solve_unique_set}
+           "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct}
 
 
 # ---------------------------------------------------------------- layout check

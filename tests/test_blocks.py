@@ -113,8 +113,9 @@ def test_rmsnorm_reaches_the_final_norm_and_the_read_out():
     assert torch.allclose(model.head(h), rms_by_hand(model.ln_f, h) @ model.lm_head.weight.T, atol=1e-5)
 
 
-def test_attention_dropout_and_residual_dropout_are_separate(monkeypatch):
-    """SDPA gets model.attn_dropout as dropout_p; the residual dropouts get model.dropout."""
+def test_attention_mlp_and_residual_dropout_are_separate(monkeypatch):
+    """SDPA gets model.attn_dropout as dropout_p; the MLP hidden units model.mlp_dropout; the
+    residual dropouts model.dropout."""
     seen = []
     sdpa = F.scaled_dot_product_attention
 
@@ -123,10 +124,11 @@ def test_attention_dropout_and_residual_dropout_are_separate(monkeypatch):
         return sdpa(*args, dropout_p=dropout_p, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", record)
-    model = Transformer(cfg(dropout=0.1, attn_dropout=0.3), 11).train()
+    model = Transformer(cfg(dropout=0.1, attn_dropout=0.3, mlp_dropout=0.2), 11).train()
     drops = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
     assert {p for name, p in drops.items() if name.endswith("attn_drop")} == {0.3}
-    assert {p for name, p in drops.items() if not name.endswith("attn_drop")} == {0.1}
+    assert {p for name, p in drops.items() if name.endswith("hidden_drop")} == {0.2}
+    assert {p for name, p in drops.items() if not name.endswith(("attn_drop", "hidden_drop"))} == {0.1}
     model(torch.randint(0, 11, (2, 5)))
     assert seen == [0.3, 0.3]
     model.eval()(torch.randint(0, 11, (2, 5)))

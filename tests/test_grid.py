@@ -111,10 +111,11 @@ def test_list_names_every_paper_with_its_tasks_and_arms(tmp_path, monkeypatch, c
     assert main(["reproduce"]) == 2 and "--list" in capsys.readouterr().err
 
 
-def test_the_looped_paper_is_listed():
-    assert "looped" in grids.papers()
+def test_the_papers_are_listed():
+    assert {"looped", "tra"} <= set(grids.papers())
     text = grids.describe()
     assert "looped: Looped Transformers" in text and "ntp-pause" in text
+    assert "tra: TRA: Threshold Relative Attention" in text and "arms:   nope*, rope*, alibi*, cope*, tra*, randomized*" in text
 
 
 @pytest.mark.parametrize("change, needle", [

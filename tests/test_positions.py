@@ -22,13 +22,13 @@ def arange_ids(T, offset=0):
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_is_exactly_the_five_schemes():
-    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi"}
+def test_registry_is_exactly_the_seven_schemes():
+    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "cope", "tra"}
     for name, cls in SCHEMES.items():
         scheme = build_scheme(cfg(position=name))
         assert type(scheme) is cls and isinstance(scheme, PositionalScheme)
     with pytest.raises(ValueError, match="model.position"):
-        build_scheme(cfg(position="cope"))
+        build_scheme(cfg(position="fire"))
 
 
 def test_nope_hooks_do_nothing():

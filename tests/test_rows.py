@@ -8,6 +8,7 @@ import sys
 
 import matplotlib.axes
 import pytest
+import torch
 
 from lengthgen import presets
 from lengthgen.cli import main
@@ -123,3 +124,40 @@ def test_the_heatmap_grid_of_a_report_comes_from_its_rows(tmp_path, capsys):
     assert main(["report", str(folder), "--heatmap", "max_a_bits"]) == 0
     assert (folder / "accuracy_by_length_and_max_a_bits.png").is_file()
     assert "--heatmap max_a_bits" in (folder / "report.md").read_text()
+
+
+def test_pivot_table_and_attention_figure_of_a_tra_run(tmp_path):
+    """The flip-flop layout of the TRA report: a table per length with a column per split and
+    metric, and the attention of one run on one sequence, drawn from its checkpoint."""
+    from lengthgen.report import write_report
+
+    folder = tmp_path / "runs" / "flipflop-tra-s0"
+    train(presets.load(None, TINY + ["task.name=flipflop", "task.train_min=2", "task.train_max=6",
+                                     "eval.lengths=6", "model.position=tra"]), folder, progress=False)
+    (folder / "series.json").write_text(json.dumps({"arm": "tra"}))
+    evaluate_run(folder, [6, 12], samples=16, sweep={"p_ignore": [0.8, 0.1]}, progress=False)
+    layout = {"figures": [{"kind": "attention", "task": "flipflop", "arm": "tra", "options": {"p_ignore": 0.1}}],
+              "tables": [{"by": "p_ignore", "metrics": ["sequence_accuracy", "glitch_rate"],
+                          "names": {"0.8": "IID", "0.1": "dense"}}]}
+    text = write_report([tmp_path / "runs"], tmp_path / "out", layout=layout).read_text()
+    assert "### flipflop, length 6\n" in text and "### flipflop, length 12 (beyond training)" in text
+    assert "| series | IID sequence_accuracy | dense sequence_accuracy | IID glitch_rate | dense glitch_rate |" in text
+    assert "## Attention on one flipflop sequence" in text and "scored positions right" in text
+    assert (tmp_path / "out" / "attention_flipflop_tra.png").is_file()
+    with pytest.raises(Exception, match="no setting 'colour'"):
+        write_report([tmp_path / "runs"], tmp_path / "bad", layout={"figures": [{"kind": "heatmap", "y": "k",
+                                                                                  "colour": "red"}]})
+
+
+def test_flipflop_source_positions_are_the_last_writes():
+    from lengthgen.tasks import get_task
+
+    task = get_task("flipflop", p_ignore=0.3)
+    batch = task.sample(40, 12, torch.Generator().manual_seed(1))
+    sources = task.source_positions(batch)
+    for i in range(len(batch)):
+        text = task.decode(batch.inputs[i])
+        for at in batch.scored[i].nonzero().flatten().tolist():
+            last_write = max(j for j in range(0, at, 2) if text[j] == "w")
+            assert sources[i, at] == last_write + 1 and int(batch.targets[i, at]) == int(batch.inputs[i, last_write + 1])
+        assert (sources[i][~batch.scored[i]] == -1).all()

@@ -18,7 +18,7 @@ from task_checks import ORDER, SOLVERS, check_answers, check_layout  # noqa: E40
 
 VARIANTS = [(name, {}) for name in ORDER] + [
     ("multiplication", {"max_a_bits": 1}), ("multiplication", {"max_a_bits": 3}),
-    ("unique_set", {"symbols": 3})]
+    ("unique_set", {"symbols": 3}), ("copy_symbols", {"symbols": 2}), ("induct", {"symbols": 2})]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in options.items()) for name, options in VARIANTS]
 
 
@@ -155,12 +155,12 @@ def test_check_length_rejects(name, bad):
 
 
 def test_registry_order_and_exports():
-    assert list(TASKS) == ORDER
+    assert list(TASKS) == ORDER + ["flipflop"]  # flip-flop is scored inside its sequence: tests/test_flipflop.py
     for name, cls in TASKS.items():
         assert issubclass(cls, Task) and cls.name == name
         task = get_task(name)
         assert isinstance(task, cls)
-        assert len(set(task.tokens)) == len(task.tokens) and "=" in task.tokens
+        assert len(set(task.tokens)) == len(task.tokens) and ("=" in task.tokens) == task.answer_region
         assert task.vocab[:3] == SPECIALS
     assert (PAD, EOS, BLANK) == (0, 1, 2) and IGNORE == -100
 

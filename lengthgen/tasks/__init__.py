@@ -7,12 +7,16 @@ from .addition import Addition
 from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, measure, score
 from .binary_sum import BinarySum
 from .copy import Copy
+from .copy_symbols import CopySymbols
+from .flipflop import FlipFlop
+from .induct import Induct
 from .multiplication import Multiplication
 from .parity import Parity
 from .unique_set import UniqueSet
 
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet)
+    cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
+                              FlipFlop)
 }
 
 
@@ -26,4 +30,5 @@ def get_task(name: str, **options) -> Task:
 
 
 __all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
-           "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet"]
+           "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
+           "CopySymbols", "Induct", "FlipFlop"]

@@ -49,7 +49,8 @@ class Batch:
 
     @property
     def widths(self) -> Tensor:  # (B,) columns each sample needs: one past its last scored position
-        return self.question_len + self.scored.sum(1) - 1
+        column = torch.arange(self.targets.shape[1], device=self.targets.device)
+        return (column * self.scored).amax(1) + 1
 
     def to(self, device) -> "Batch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -126,6 +127,13 @@ def end_with(tokens: Tensor, n: Tensor, token: int) -> Tensor:
     return out.scatter_(1, n[:, None], token)
 
 
+def uniform_below(n: Tensor, generator: torch.Generator) -> Tensor:
+    """(B,) long: row b uniform over 0..n[b] - 1, from one torch.randint draw (53 random bits
+    scaled by n[b], so a row's value depends on its own n only)."""
+    bits = torch.randint(0, 2**53, n.shape, generator=generator)
+    return (bits.double() / 2**53 * n).long().clamp(max=n - 1)
+
+
 def prefix_mask(n: Tensor, width: int) -> Tensor:
     """(B, width) bool: True in the first n[b] columns of row b."""
     return torch.arange(width)[None, :] < n[:, None]
@@ -156,6 +164,8 @@ class Task:
     eos: bool = True  # answers end with a scored EOS; False where the question fixes the answer length
     example: str = ""  # one rendered example for `lengthgen tasks`, e.g. "10110= -> 1"
     metric_names: tuple[str, ...] = ()  # the task's own metrics, beside accuracy and token_accuracy
+    answer_region = True  # the scored positions are one answer after the question (False: inside it, as in LM)
+    min_length = 1  # the shortest problem length the task can draw
 
     def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
         pass
@@ -225,6 +235,11 @@ class Task:
         per sample: {name: (B,) float} for every name in `metric_names`. Evaluation averages
         them over the test samples into columns of eval.csv, as it does exact match."""
         return {}
+
+    def source_positions(self, batch: Batch) -> Tensor | None:
+        """(B, L) long: for each scored position, the input position that holds its answer
+        (-1 where none does), or None if the task does not say. Drawn by the attention figure."""
+        return None
 
     def random_baseline(self, length: int, samples: int = 2000) -> float:
         """Exact-match chance of guessing each answer token uniformly at random
