@@ -245,7 +245,8 @@ def labels_of(grid: Grid, scale: str, task: str, arms: list[str], extra: list[st
                 if arm in arms:
                     raise
                 continue
-            configs[(arm, tuple(values.items()))] = flat(to_dict(cfg))
+            # an empty options table is no setting: {} and a missing key must not count as a difference
+            configs[(arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
     keys = sorted({k for c in configs.values() for k in c})
     differ = [k for k in keys if k not in OWN_COLUMNS | RUNTIME_KEYS | set(PER_RUN_KEYS)
               and len({repr(c.get(k)) for c in configs.values()}) > 1]

@@ -101,6 +101,15 @@ def test_labels_do_not_depend_on_which_arms_run(tmp_path):
         grids.plan(grid, "cpu", ["multiplication"], ["plain"], 1, tmp_path / "out", workers=1, extra=theta)
 
 
+def test_an_empty_options_table_is_no_label():
+    """Arms that set scheme options (rope's theta) and arms that leave the table empty differ in
+    that option alone; `{}` against a missing key is no difference."""
+    grid = grids.find("tra")
+    jobs = grids.plan(grid, "cpu", ["flipflop"], ["nope", "rope"], 1, Path("unused"), workers=1)
+    assert jobs[0].labels["model.position_options.theta"] == "" and jobs[1].labels["model.position_options.theta"] == 5e5
+    assert not any(key.endswith("_options") for job in jobs for key in job.labels)
+
+
 def test_list_names_every_paper_with_its_tasks_and_arms(tmp_path, monkeypatch, capsys):
     toy(tmp_path / "experiments" / "toy")
     monkeypatch.setattr(grids, "ROOT", tmp_path / "experiments")
