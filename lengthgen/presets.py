@@ -172,8 +172,11 @@ def check_sweep(cfg: Config) -> None:
     for combo in itertools.product(*sweep.values()):
         options = {**t.options, **dict(zip(sweep, combo))}
         where = f"eval.sweep ({', '.join(f'{k}={v!r}' for k, v in zip(sweep, combo))})"
-        check(built(where, lambda: get_task(t.name, **options)).vocab == vocab,
-              f"{where} changes the task's vocabulary, which the trained model cannot read")
+        swept = built(where, lambda: get_task(t.name, **options))
+        check(swept.vocab == vocab, f"{where} changes the task's vocabulary, which the trained model cannot read")
+        shortest = min(parse_lengths(cfg.eval.lengths))
+        check(shortest >= swept.min_length,
+              f"eval.lengths includes {shortest}; {t.name} with {where[12:-1]} needs lengths >= {swept.min_length}")
 
 
 def load(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:

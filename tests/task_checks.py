@@ -7,7 +7,8 @@ import torch
 
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
-ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct"]
+ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
+         "sparse_parity"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -81,9 +82,18 @@ def solve_flipflop(q: str, n: int) -> tuple[str, int]:
     return "".join(reads) + written, n
 
 
+def solve_sparse_parity(q: str, n: int, k_max: int = 4, k: int | None = None) -> tuple[str, int]:
+    """n bits, then n selectors with k '+' (the fixed k, or 1..min(k_max, n)): XOR of the selected bits."""
+    bits, selectors = _match(rf"([01]{{{n}}})([+-]{{{n}}})=", q).groups()
+    chosen = [b for b, s in zip(bits, selectors) if s == "+"]
+    assert len(chosen) == k if k is not None else 1 <= len(chosen) <= min(k_max, n), (q, "wrong number selected")
+    return str(chosen.count("1") % 2), n
+
+
 SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_addition,
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
-           "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct}
+           "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct,
+           "sparse_parity": solve_sparse_parity}
 
 
 # ---------------------------------------------------------------- layout check

@@ -98,6 +98,8 @@ def test_example_is_correct(name):
         n = len(question[:-1].split("*")[1])
     if name == "induct":
         n = len(question.split("?")[0]) - 1
+    if name == "sparse_parity":
+        n = (len(question) - 1) // 2
     assert SOLVERS[name](question, n)[0] == answer
     assert TASKS[name].__module__.startswith("lengthgen.tasks.")
     doc = sys.modules[TASKS[name].__module__].__doc__

@@ -12,11 +12,12 @@ from .flipflop import FlipFlop
 from .induct import Induct
 from .multiplication import Multiplication
 from .parity import Parity
+from .sparse_parity import SparseParity
 from .unique_set import UniqueSet
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
-                              FlipFlop)
+                              FlipFlop, SparseParity)
 }
 
 
@@ -31,4 +32,4 @@ def get_task(name: str, **options) -> Task:
 
 __all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
-           "CopySymbols", "Induct", "FlipFlop"]
+           "CopySymbols", "Induct", "FlipFlop", "SparseParity"]
