@@ -1,6 +1,7 @@
 """Figures of a report, drawn from the series of lengthgen.series.
 
-- accuracy_vs_length: a panel per task, a line per series, training lengths shaded;
+- accuracy_vs_length: a panel per task (or per task and value of a swept option), a line
+  per series, training lengths shaded;
 - accuracy_vs_iteration: from per_step.csv, a panel per looped series, a line per
   test length, markers at the step each stop rule picked;
 - heatmap: a metric over length x a swept task option, a panel per task and series.
@@ -12,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .errors import UserError
-from .series import STEP_VALUES, as_number, key_columns, series_colors, series_labels, task_view
+from .series import STEP_VALUES, as_number, key_columns, series_colors, series_labels, short_name, task_view
 
 
 def _pyplot():
@@ -22,10 +23,33 @@ def _pyplot():
     return plt
 
 
-def plot(agg: list[dict], path: Path, metric: str = "accuracy") -> None:
-    """`metric` vs length, one panel per task, training range shaded, one legend below."""
+def split_panels(agg: list[dict], column: str, names: dict) -> tuple[list[dict], dict[str, int]]:
+    """Rows with a `column` value (a swept task option) moved to a panel per value, titled
+    "task, names[value]" (or "task, column=value"), their series without the column; and
+    each panel title's rank: the order of `names`, then the values in numeric order."""
+    order = list(names)
+    moved, rank = [], {}
+    for a in agg:
+        value = a.get(column, "")
+        if value == "":
+            moved.append(a)
+            continue
+        title = f"{a['task']}, {names.get(value, f'{short_name(column)}={value}')}"
+        rank[title] = (order.index(value) if value in order else len(order), as_number(value))
+        moved.append({**a, "task": title, "series": tuple((k, v) for k, v in a["series"] if k != column)})
+    ranked = sorted(rank, key=lambda t: (t.split(",")[0], rank[t][0], str(rank[t][1])))
+    return moved, {title: i for i, title in enumerate(ranked)}
+
+
+def plot(agg: list[dict], path: Path, metric: str = "accuracy", panels: str | None = None,
+         names: dict | None = None) -> None:
+    """`metric` vs length, one panel per task (and per value of the swept option `panels`,
+    titled by `names`), training range shaded, one legend below."""
     plt = _pyplot()
-    tasks = sorted({a["task"] for a in agg})
+    rank: dict[str, int] = {}
+    if panels:
+        agg, rank = split_panels(agg, panels, names or {})
+    tasks = sorted({a["task"] for a in agg}, key=lambda t: (t.split(",")[0], rank.get(t, -1)))
     colors, labels = series_colors(agg), series_labels(agg)
     cols = min(3, len(tasks))
     rows_n = math.ceil(len(tasks) / cols)

@@ -99,7 +99,7 @@ def figure_specs(layout: dict) -> list[dict]:
 
 
 # figure kind -> its settings
-FIGURES = {"accuracy_vs_length": set(), "accuracy_vs_iteration": set(), "heatmap": {"y", "metric"},
+FIGURES = {"accuracy_vs_length": {"panels", "names", "metric"}, "accuracy_vs_iteration": set(), "heatmap": {"y", "metric"},
            "attention": {"task", "arm", "options", "length"}}
 
 
@@ -161,8 +161,11 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     for spec in specs:
         kind = spec["kind"]
         if kind == "accuracy_vs_length":
-            plot(agg, out / "accuracy_vs_length.png")
-            text += ["![accuracy vs length](accuracy_vs_length.png)", ""]
+            metric, panels = spec.get("metric", "accuracy"), spec.get("panels")
+            name = "accuracy_vs_length.png" if (metric, panels) == ("accuracy", None) else \
+                f"{metric}_vs_length" + (f"_by_{short_name(panels)}" if panels else "") + ".png"
+            plot(agg, out / name, metric, panels, spec.get("names", {}))
+            text += [f"![{metric} vs length]({name})", ""]
         elif kind == "accuracy_vs_iteration" and steps:
             plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")
             text += ["## Accuracy after every iteration", "",

@@ -13,7 +13,7 @@ import torch
 from lengthgen import presets
 from lengthgen.cli import main
 from lengthgen.evaluate import evaluate_run, read_per_step, read_rows, relabel
-from lengthgen.figures import plot_heatmap
+from lengthgen.figures import plot, plot_heatmap, split_panels
 from lengthgen.report import markdown
 from lengthgen.series import aggregate
 from lengthgen.tasks import TASKS, Copy
@@ -104,6 +104,28 @@ def test_heatmap_cells_are_the_means_over_seeds(tmp_path, monkeypatch):
                       [pytest.approx((n + 3 + 0.5) / 100) for n in (2, 4, 8)]]]
     with pytest.raises(Exception, match="no result row has a 'kk' column"):
         plot_heatmap(aggregate(rows), tmp_path / "none.png", "kk")
+
+
+def test_panels_split_a_task_by_a_swept_option(tmp_path, monkeypatch):
+    """accuracy_vs_length with panels = "k": a panel per value, titled by `names`, in their
+    order; each line is the arm's rows of that value alone (means over seeds)."""
+    base = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "n": 8, "token_accuracy": 1.0,
+            "stop_step": float("nan"), "train_max": 4, "baseline": 0.5, "step": 1}
+    rows = [{**base, "arm": arm, "run": f"{arm}{s}", "source": f"{arm}{s}", "seed": s, "length": n, "k": str(k),
+             "accuracy": (n + k + s + (arm == "b")) / 100}
+            for arm in "ab" for s in (0, 1) for n in (2, 8) for k in (1, 3)]
+    moved, rank = split_panels(aggregate(rows), "k", {"3": "hard", "1": "easy"})
+    assert sorted(rank, key=rank.get) == ["parity, hard", "parity, easy"]
+    assert all(dict(a["series"]).get("k") is None for a in moved)
+    titles, lines = [], {}
+    monkeypatch.setattr(matplotlib.axes.Axes, "set", lambda ax, **kw: titles.append(kw.get("title")))
+    # a panel's lines are drawn before its title is set: len(titles) is the panel's index
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda ax, x, y, **kw: lines.setdefault(
+        (len(titles), kw["label"]), y))
+    plot(aggregate(rows), tmp_path / "panels.png", panels="k", names={"3": "hard", "1": "easy"})
+    assert titles == ["parity, hard", "parity, easy"]
+    assert lines[(0, "a (2 seeds)")] == [pytest.approx((n + 3 + 0.5) / 100) for n in (2, 8)]
+    assert lines[(1, "b (2 seeds)")] == [pytest.approx((n + 1 + 1.5) / 100) for n in (2, 8)]
 
 
 def test_an_unknown_position_option_exits_2_naming_the_key(tmp_path):
