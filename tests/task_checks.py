@@ -8,7 +8,7 @@ import torch
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
 ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
-         "sparse_parity"]
+         "sparse_parity", "decimal_addition"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -90,10 +90,15 @@ def solve_sparse_parity(q: str, n: int, k_max: int = 4, k: int | None = None) ->
     return str(chosen.count("1") % 2), n
 
 
+def solve_decimal_addition(q: str, n: int) -> tuple[str, int]:
+    a, b = _match(rf"(\d{{{n}}})\+(\d{{{n}}})=", q).groups()
+    return str(int(a) + int(b)).zfill(n + 1)[::-1], n
+
+
 SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_addition,
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
            "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct,
-           "sparse_parity": solve_sparse_parity}
+           "sparse_parity": solve_sparse_parity, "decimal_addition": solve_decimal_addition}
 
 
 # ---------------------------------------------------------------- layout check

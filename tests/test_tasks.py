@@ -92,7 +92,7 @@ def test_example_is_correct(name):
     task = get_task(name)
     question, answer = task.example.split(" -> ")
     n = len(question.split(task.sep)) - 1 if task.sep else len(question) - 1
-    if name == "addition":
+    if name in ("addition", "decimal_addition"):
         n = len(question.split("+")[0])
     if name == "multiplication":
         n = len(question[:-1].split("*")[1])

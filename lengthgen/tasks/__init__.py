@@ -8,6 +8,7 @@ from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, measure, score
 from .binary_sum import BinarySum
 from .copy import Copy
 from .copy_symbols import CopySymbols
+from .decimal_addition import DecimalAddition
 from .flipflop import FlipFlop
 from .induct import Induct
 from .multiplication import Multiplication
@@ -17,7 +18,7 @@ from .unique_set import UniqueSet
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
-                              FlipFlop, SparseParity)
+                              FlipFlop, SparseParity, DecimalAddition)
 }
 
 
@@ -32,4 +33,4 @@ def get_task(name: str, **options) -> Task:
 
 __all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
-           "CopySymbols", "Induct", "FlipFlop", "SparseParity"]
+           "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition"]
