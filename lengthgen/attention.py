@@ -205,6 +205,35 @@ class Packed:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+class KVCache:
+    """The keys and values of the tokens already run, per layer, so that decoding runs one
+    new token at a time (lengthgen.generate). Keys are stored after `scheme.rotate`, so a
+    new query meets them exactly as in a full pass. Only schemes without a bias or content
+    hook can use it (nope, learned, sinusoidal, rope): ALiBi's bias and TRA's and CoPE's
+    attention are computed over whole windows."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, tuple[Tensor, Tensor]] = {}
+        self.length = 0  # tokens cached (the model advances it after each pass)
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append k, v (B, H, T, Dh) to the layer's cache; return all of its keys and values."""
+        if layer in self.layers:
+            old_k, old_v = self.layers[layer]
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        self.layers[layer] = (k, v)
+        return k, v
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """q (B, H, Tq, Dh), the last Tq of Tk tokens, over k, v (B, H, Tk, Dh), causal."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    if Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    seen = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -219,9 +248,10 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
-                packed: Packed | None = None) -> Tensor:
+                packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
         """x (B, T, D), or packed rows (N, D) with their layout `packed`; `scheme` a
-        lengthgen.positions.PositionalScheme."""
+        lengthgen.positions.PositionalScheme; `cache`: the earlier tokens' keys and values
+        (x holds the tokens after them)."""
         qkv = self.c_attn(x)  # (B, T, 3D) or (N, 3D)
         if packed is not None:
             qkv = packed.pad(qkv)  # (B, T, 3D): rows padded for attention only
@@ -235,7 +265,9 @@ class CausalSelfAttention(nn.Module):
         q, k = scheme.rotate(q, k, position_ids)
         p = self.attn_dropout if self.training else 0.0
 
-        if scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, p)) is not None:
+        if cache is not None:
+            y = cached_attention(q, *cache.extend(self.layer, k, v))
+        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, p)) is not None:
             pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
         elif scheme.has_content:
             logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import CausalSelfAttention, Packed
+from .attention import CausalSelfAttention, KVCache, Packed
 from .config import ModelConfig
 from .positions import PositionalScheme, build_scheme, default_position_ids
 
@@ -80,12 +80,12 @@ class Block(nn.Module):
         self.mlp = MLPS[cfg.mlp](cfg)
 
     def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
-                packed: Packed | None = None) -> Tensor:
+                packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
         if self.pre_norm:
-            x = x + self.attn(self.ln_1(x), scheme, position_ids, packed)
+            x = x + self.attn(self.ln_1(x), scheme, position_ids, packed, cache)
             return x + self.mlp(self.ln_2(x))
         x = self.ln_1(x)
-        x = x + self.attn(x, scheme, position_ids, packed)
+        x = x + self.attn(x, scheme, position_ids, packed, cache)
         x = self.ln_2(x)
         return x + self.mlp(x)
 
@@ -153,10 +153,20 @@ class Transformer(nn.Module):
         """inputs (B, T) long -> e (B, T, D): tokens plus the scheme's embedding."""
         return self.drop(self.scheme.embed(self.wte(inputs), position_ids))
 
-    def run_blocks(self, h: Tensor, position_ids: Tensor, packed: Packed | None = None) -> Tensor:
-        """Every block once: (B, T, D) -> (B, T, D), or packed rows (N, D) -> (N, D)."""
+    def run_blocks(self, h: Tensor, position_ids: Tensor, packed: Packed | None = None,
+                   cache: KVCache | None = None) -> Tensor:
+        """Every block once: (B, T, D) -> (B, T, D), or packed rows (N, D) -> (N, D). With a
+        `cache`, h holds the tokens after the cached ones, and the cache takes their keys."""
+        if cache is not None:
+            if self.scheme.has_bias or self.scheme.has_content:
+                raise ValueError(f"decoding with a KV cache needs a scheme without a bias or content hook "
+                                 f"(nope, learned, sinusoidal, rope), not {self.cfg.position}")
+            if packed is not None:
+                raise ValueError("a KV cache takes (B, T, D) rows, not packed ones")
         for block in self.blocks:
-            h = block(h, self.scheme, position_ids, packed)
+            h = block(h, self.scheme, position_ids, packed, cache)
+        if cache is not None:
+            cache.length += h.shape[1]
         return h
 
     def head(self, h: Tensor) -> Tensor:
