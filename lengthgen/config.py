@@ -77,6 +77,7 @@ class TrainConfig:
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
+    id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
 
 
 @dataclass

@@ -20,6 +20,9 @@ Baselines: `ntp-loop` (next-token prediction through the looped block run a
 fixed T(train_max) times, with input injection like the looped model, so only
 the output format and the adaptive depth differ) and `ntp-pause` (T(n) BLANK
 pause tokens between question and answer, see `pause_batch`).
+
+`ppc` is Predictive Position Coupling (Golowich et al., ICML 2025): ntp that also
+predicts each next token's coupled position ID, decoded greedily with those IDs.
 """
 from __future__ import annotations
 
@@ -41,12 +44,15 @@ class Method:
     `needs_answer_region`: the method works on one answer after the question (whole-answer
     prediction, pause tokens), so tasks scored inside the sequence (Task.answer_region
     False, e.g. flip-flop) do not suit it;
+    `needs_target_ids`: the method learns the next token's position ID (`Batch.target_ids`),
+    so the task must supply coupled IDs;
     `model_batch(batch)`: the batch as the model reads it (for sizing position tables)."""
 
     name = ""
     has_stop_rules = False
     accepts_position_ids = True
     needs_answer_region = False
+    needs_target_ids = False
 
     def build_model(self, cfg: Config, task: Task) -> nn.Module:
         return Transformer(cfg.model, task.vocab_size)
@@ -159,9 +165,52 @@ class NTPPause(Method):
         return logits.gather(1, src[:, :, None].expand(-1, -1, logits.shape[2]))
 
 
+class PredictivePositionCoupling(Method):
+    """Next-token prediction plus a second head on the same hidden state that predicts the
+    position ID of the next token, trained on the task's coupled IDs (`Batch.target_ids`)
+    with cross-entropy added to the token loss times `train.id_loss_weight`. At inference
+    every generated token takes the ID the model predicted for it: greedy decoding with a
+    KV cache (lengthgen.generate), so exact match is that of real generation."""
+
+    name = "ppc"
+    needs_target_ids = True
+
+    def build_model(self, cfg, task):
+        model = Transformer(cfg.model, task.vocab_size)
+        model.id_head = nn.Linear(cfg.model.d_model, cfg.model.max_positions, bias=False)  # ID classes 0..max-1
+        model.id_loss_weight = cfg.train.id_loss_weight  # rebuilt with the model, not a weight
+        return model
+
+    def hidden(self, model, batch) -> Tensor:  # (B, L, D) after the final norm
+        ids = model.position_ids_for(batch.inputs, batch.position_ids)
+        return model.ln_f(model.run_blocks(model.embed(batch.inputs, ids), ids))
+
+    def logits(self, model, batch):  # the token logits of a teacher-forced pass
+        return model.lm_head(self.hidden(model, batch))
+
+    def loss(self, model, batch):
+        if batch.target_ids is None:
+            raise ValueError("ppc needs a task that supplies coupled position IDs (e.g. task.options.coupled = true)")
+        h = self.hidden(model, batch)
+        tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+        ids = F.cross_entropy(model.id_head(h).flatten(0, 1).float(), batch.target_ids.flatten(), ignore_index=IGNORE)
+        return tokens + model.id_loss_weight * ids
+
+    @torch.no_grad()
+    def predict(self, model, batch):
+        from .generate import generate_answers
+        return generate_answers(model, batch, next_id=predicted_id)
+
+
+def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
+    """PPC's ID for the next token: the argmax of the ID head on the last hidden state."""
+    return model.id_head(model.ln_f(hidden)).argmax(-1)
+
+
 METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
                                     "looped-wo-injection": LoopedNoInjection,
-                                    "ntp-loop": NTPLoop, "ntp-pause": NTPPause}
+                                    "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
+                                    "ppc": PredictivePositionCoupling}
 
 
 def get_method(name: str) -> Method:

@@ -56,6 +56,8 @@ def training_positions(cfg: Config) -> tuple[int, int]:
         samples, cfg.task.train_max, torch.Generator().manual_seed(0))
     batch = built(f"method {cfg.method}", lambda: get_method(cfg.method).model_batch(batch))
     largest = int(base_ids(batch).masked_fill(~real_columns(batch), 0).max())
+    if batch.target_ids is not None:  # the last answer token's ID is a target (ppc), never an input
+        largest = max(largest, int(batch.target_ids.max()))
     return batch.inputs.shape[1], largest
 
 
@@ -135,6 +137,9 @@ def validate(cfg: Config) -> Config:
     check(not (get_method(cfg.method).needs_answer_region and not task.answer_region),
           f"method {cfg.method} predicts one answer after the question; {t.name} is scored inside the sequence "
           "(use a next-token method such as ntp)")
+    check(tr.id_loss_weight >= 0, f"train.id_loss_weight must be >= 0, got {tr.id_loss_weight}")
+    if get_method(cfg.method).needs_target_ids:
+        check_ppc(cfg)
     check_options("model.position_options", m.position_options, SCHEMES[m.position], m.position, skip=("cfg",))
     if m.position_options:  # a scheme checks its own option values when built
         built("model.position_options", lambda: SCHEMES[m.position](m, **m.position_options))
@@ -147,17 +152,36 @@ def validate(cfg: Config) -> Config:
     method = get_method(cfg.method)
     check(name == "none" or method.accepts_position_ids,
           f"train.position_transform {name!r} needs a method that reads position IDs; {cfg.method} lays out its own")
-    if m.position in TABLE_POSITIONS or name != "none":  # a table overrun would fail at step 1, after the folder is made
+    sized = m.position in TABLE_POSITIONS or method.needs_target_ids  # a table, or ppc's ID head, of max_positions rows
+    if sized or name != "none":  # an overrun would fail at step 1, after the folder is made
         largest = largest_position_id(cfg)
         if name == "none":
             check(largest < m.max_positions,
                   f"model.max_positions ({m.max_positions}) is shorter than the longest training sequence "
                   f"({largest + 1} tokens at task.train_max {t.train_max}); set it to at least {largest + 1}")
-        elif m.position in TABLE_POSITIONS:
+        elif sized:
             check(largest < m.max_positions,
                   f"model.max_positions ({m.max_positions}) is too small for train.position_transform {name}, which "
                   f"trains position IDs up to {largest}; set it to at least {largest + 1}")
     return cfg
+
+
+def check_ppc(cfg: Config) -> None:
+    """A method that predicts position IDs needs a task that supplies them, a transform that
+    moves them with the rest, a scheme that decodes with a KV cache, and an ID head as wide
+    as the largest ID."""
+    import torch
+
+    t, m, name = cfg.task, cfg.model, cfg.train.position_transform
+    batch = get_task(t.name, **t.options).sample(2, t.train_min, torch.Generator().manual_seed(0))
+    check(batch.target_ids is not None, f"method {cfg.method} predicts coupled position IDs, which {t.name} with "
+                                        f"options {t.options or '{}'} does not supply (is there a coupled option?)")
+    check(name in ("none", "random_offset"), f"method {cfg.method} needs train.position_transform none or "
+                                              f"random_offset (they move a next token's ID with the rest), not {name}")
+    scheme = SCHEMES[m.position]
+    check(not (scheme.has_bias or scheme.has_content), f"method {cfg.method} decodes with a KV cache, which "
+                                                       f"model.position {m.position} cannot use; use nope, learned, "
+                                                       "sinusoidal or rope")
 
 
 def check_sweep(cfg: Config) -> None:

@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from .tasks import Batch
+from .tasks import IGNORE, Batch
 
 
 def base_ids(batch: Batch) -> Tensor:
@@ -48,6 +48,13 @@ def uniform_below(n: Tensor, generator: torch.Generator) -> Tensor:
     """(B,) long: row b uniform in 0 .. n[b] - 1 (n >= 1), one draw per row."""
     u = torch.rand(n.shape, generator=generator, dtype=torch.float64)
     return (u * n).long().clamp(max=n - 1)
+
+
+def refuse_targets(transform: str, batch: Batch) -> None:
+    """Transforms that move IDs column by column cannot say where a next token's ID goes."""
+    if batch.target_ids is not None:
+        raise ValueError(f"{transform} cannot move the predicted position IDs of Predictive Position Coupling; "
+                         "use random_offset")
 
 
 def whole(transform: str, key: str, value, least: int = 1) -> int:
@@ -96,12 +103,15 @@ class RandomOffset(PositionTransform):
 
     def __call__(self, batch, generator):
         ids, real = base_ids(batch), real_columns(batch)
-        hi = self._fit(ids, real)
-        offset = uniform_below(self.top - hi + 1, generator)  # (B,) in 0 .. max_position - hi
-        moved = ids + offset[:, None]
-        if self.keep_zero:
-            moved = torch.where(ids == 0, ids, moved)
-        return replace(batch, position_ids=torch.where(real, moved, 0))
+        targets = batch.target_ids  # the next tokens' IDs (PPC): shifted with the rest
+        with_targets = ids if targets is None else torch.cat([ids, targets], 1)
+        hi = self._fit(with_targets, real if targets is None else torch.cat([real, targets != IGNORE], 1))
+        offset = uniform_below(self.top - hi + 1, generator)[:, None]  # (B, 1) in 0 .. max_position - hi
+        moved = torch.where(ids == 0, ids, ids + offset) if self.keep_zero else ids + offset
+        if targets is not None:
+            fixed = (targets == IGNORE) | (targets == 0) if self.keep_zero else targets == IGNORE
+            targets = torch.where(fixed, targets, targets + offset)
+        return replace(batch, position_ids=torch.where(real, moved, 0), target_ids=targets)
 
 
 class PoSE(PositionTransform):
@@ -113,6 +123,7 @@ class PoSE(PositionTransform):
         self.bound = f"target_length {target_length}"
 
     def __call__(self, batch, generator):
+        refuse_targets(self.name, batch)
         ids, real = base_ids(batch), real_columns(batch)
         B, L = ids.shape
         room = self.top - self._fit(ids, real)  # (B,) the largest total skip
@@ -138,6 +149,7 @@ class Randomized(PositionTransform):
         self.bound = f"max_position {max_position}"
 
     def __call__(self, batch, generator):
+        refuse_targets(self.name, batch)
         ids, real = base_ids(batch), real_columns(batch)
         M = self.top + 1
         need = self._fit(ids, real) + 1  # (B,) IDs each sample uses

@@ -2,9 +2,10 @@
 against IDs assigned by hand from the rendered text."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from lengthgen.tasks import get_task
+from lengthgen.tasks import IGNORE, get_task
 from lengthgen.transforms import build_transform
 
 
@@ -32,12 +33,35 @@ def test_decimal_addition_ids_couple_digits_of_equal_significance():
 
 def test_random_offset_keeps_the_coupling_and_reaches_max_position():
     task = get_task("decimal_addition", coupled=True)
-    batch = task.sample(4000, 4, torch.Generator().manual_seed(1))  # input IDs 1..5 (the last digit is no input)
+    batch = task.sample(4000, 4, torch.Generator().manual_seed(1))  # IDs 1..6 (6: the last digit, a target only)
     moved = build_transform("random_offset", {"max_position": 20, "keep_zero": True})(batch, torch.Generator())
     shift = moved.position_ids - batch.position_ids
     real = batch.position_ids > 0
     assert (shift[~real] == 0).all()  # padding stays on 0
     per_sample = shift.masked_fill(~real, -1).amax(1)
     assert ((shift == per_sample[:, None]) | ~real).all()  # one offset per sample: equal IDs stay equal
-    assert set(per_sample.tolist()) == set(range(0, 16))  # start uniform, so the largest ID reaches 20
-    assert int(moved.position_ids.max()) == 20
+    assert set(per_sample.tolist()) == set(range(0, 15))  # start uniform, so the largest ID reaches 20
+    scored = batch.target_ids != IGNORE
+    assert torch.equal((moved.target_ids - batch.target_ids)[scored], per_sample[:, None].expand_as(scored)[scored])
+    assert int(moved.target_ids.max()) == 20 and (moved.target_ids[~scored] == IGNORE).all()
+
+
+def test_target_ids_are_the_next_tokens_ids():
+    """At a scored column j, target_ids[j] is the ID of the token at j + 1 (the last answer
+    digit, never an input, takes the next significance's ID)."""
+    task = get_task("decimal_addition", coupled=True)
+    n = torch.tensor([1, 3, 6] * 4)
+    batch = task.sample(len(n), n, torch.Generator().manual_seed(3))
+    for i in range(len(batch)):
+        question, answer = task.to_text(batch, i)
+        every = addition_ids(question, answer + "x")  # the IDs of the question and all answer digits
+        columns = batch.scored[i].nonzero()[:, 0].tolist()
+        assert [int(batch.target_ids[i, j]) for j in columns] == [every[j + 1] for j in columns]
+        assert (batch.target_ids[i][~batch.scored[i]] == IGNORE).all()
+
+
+def test_transforms_that_move_columns_refuse_predicted_ids():
+    batch = get_task("decimal_addition", coupled=True).sample(4, 3, torch.Generator())
+    for name, options in (("pose", {"target_length": 64}), ("randomized", {"max_position": 64})):
+        with pytest.raises(ValueError, match=f"{name} cannot move the predicted position IDs"):
+            build_transform(name, options)(batch, torch.Generator())

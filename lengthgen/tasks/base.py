@@ -39,6 +39,10 @@ class Batch:
     lengths: Tensor  # (B,) problem length n of each sample
     n_steps: Tensor  # (B,) looped step count T(n) of each sample
     position_ids: Tensor | None = None  # (B, L) explicit position IDs, None = 0..L-1
+    # (B, L) at each scored position the position ID of its target token (the next one),
+    # IGNORE elsewhere: what Predictive Position Coupling learns to predict; tasks with
+    # coupled IDs supply it, the others leave None
+    target_ids: Tensor | None = None
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -62,7 +66,7 @@ class Batch:
         picked = {f.name: getattr(self, f.name) for f in fields(self)}
         picked = {k: (v[index] if v is not None else None) for k, v in picked.items()}
         width = int((picked["question_len"] + (picked["targets"] != IGNORE).sum(1) - 1).max())
-        for k in ("inputs", "targets", "position_ids"):
+        for k in ("inputs", "targets", "position_ids", "target_ids"):
             if picked[k] is not None:
                 picked[k] = picked[k][:, :width]
         return Batch(**picked)
@@ -82,8 +86,9 @@ class Batch:
             return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
         has_pos = [b.position_ids is not None for b in batches]
-        if any(has_pos) and not all(has_pos):
-            raise ValueError("cannot concatenate batches with and without position_ids")
+        has_targets = [b.target_ids is not None for b in batches]
+        if any(has_pos) and not all(has_pos) or any(has_targets) and not all(has_targets):
+            raise ValueError("cannot concatenate batches with and without position_ids or target_ids")
         return Batch(
             inputs=torch.cat([pad(b.inputs, PAD) for b in batches]),
             targets=torch.cat([pad(b.targets, IGNORE) for b in batches]),
@@ -91,6 +96,7 @@ class Batch:
             lengths=torch.cat([b.lengths for b in batches]),
             n_steps=torch.cat([b.n_steps for b in batches]),
             position_ids=torch.cat([pad(b.position_ids, 0) for b in batches]) if all(has_pos) else None,
+            target_ids=torch.cat([pad(b.target_ids, IGNORE) for b in batches]) if all(has_targets) else None,
         )
 
 

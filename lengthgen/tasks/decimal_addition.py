@@ -6,7 +6,8 @@ Both operands have n digits (zero-padded: leading zeros allowed, each operand un
 0..10^n - 1); the sum has n + 1 digits, least significant first, so each sum digit
 follows the digits it depends on.
 
-`coupled = true` gives the batch coupled position IDs: tokens of one role share an ID.
+`coupled = true` gives the batch coupled position IDs (and `target_ids`, each scored
+position's next ID, for Predictive Position Coupling): tokens of one role share an ID.
 The digits of significance i in a, b and the sum all take start + 1 + i; "+" and "=" take
 the start ID (1); padding takes 0. Training shifts them with the `random_offset`
 transform (keep_zero), so every ID up to its max_position is trained; evaluation
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, prefix_mask
+from .base import IGNORE, Batch, Task, assemble, prefix_mask
 
 START = 1  # the operators' ID in evaluation; 0 stays for padding
 
@@ -60,6 +61,9 @@ class DecimalAddition(Task):
         batch = assemble(question, 2 * n + 2, total + digit, n + 1, lengths=n, n_steps=n.clone(), eos=self.eos)
         if self.coupled:
             batch.position_ids = self.coupled_ids(batch)
+            # scored column j predicts the sum digit of significance j - (q - 1): ID START + 2 + j - q
+            j = torch.arange(batch.inputs.shape[1])[None, :]
+            batch.target_ids = (START + 2 + j - batch.question_len[:, None]).masked_fill(~batch.scored, IGNORE)
         return batch
 
     def coupled_ids(self, batch: Batch) -> Tensor:
