@@ -65,3 +65,30 @@ def test_transforms_that_move_columns_refuse_predicted_ids():
     for name, options in (("pose", {"target_length": 64}), ("randomized", {"max_position": 64})):
         with pytest.raises(ValueError, match=f"{name} cannot move the predicted position IDs"):
             build_transform(name, options)(batch, torch.Generator())
+
+
+def walk_ids(task_name: str, question: str, answer: str) -> tuple[list[int], list[int]]:
+    """(IDs of every token of question + answer, incl. the EOS of unique_set, by hand)."""
+    if task_name == "copy":
+        bits = question[:-1]
+        return [2 + i for i in range(len(bits))] + [1] + [2 + i for i in range(len(answer))]
+    symbols, kept = question.split()[:-1], answer.split()
+    first = {s: symbols.index(s) for s in kept}
+    return [2 + p for p in range(len(symbols))] + [1] + [2 + first[s] for s in kept] + [0]  # EOS: 0
+
+
+def test_copy_and_unique_set_ids_point_at_the_input_they_copy():
+    for name, options in (("copy", {}), ("unique_set", {"symbols": 6})):
+        task = get_task(name, coupled=True, **options)
+        n = torch.tensor([1, 4, 9, 12] * 5)
+        batch = task.sample(len(n), n, torch.Generator().manual_seed(4))
+        for i in range(len(batch)):
+            question, answer = task.to_text(batch, i)
+            every = walk_ids(name, question, answer)
+            width = int(batch.widths[i])  # the inputs: all but the last answer token (or the EOS)
+            assert batch.position_ids[i, :width].tolist() == every[:width], (name, question, answer)
+            assert (batch.position_ids[i, width:] == 0).all()
+            columns = batch.scored[i].nonzero()[:, 0].tolist()
+            assert [int(batch.target_ids[i, j]) for j in columns] == [every[j + 1] for j in columns]
+        plain = get_task(name, **options).sample(len(n), n, torch.Generator().manual_seed(4))
+        assert plain.position_ids is None and plain.target_ids is None and torch.equal(plain.inputs, batch.inputs)

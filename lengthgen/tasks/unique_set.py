@@ -6,6 +6,11 @@ The question is n symbols drawn uniformly from `symbols` values (default 50,
 tokens "0", "1", ...), then "=". Tokens are separated by spaces in text.
 Answer lengths differ between samples of the same n.
 
+`coupled = true` adds coupled position IDs: input symbol p takes 2 + p, "=" the start ID
+1, each answer symbol the ID of the input occurrence it copies (its first), padding and
+EOS 0. Which input an answer token copies depends on the content, not on n: the case
+Predictive Position Coupling is for (`target_ids`: each scored position's next ID).
+
 T(n) = n looped steps (one per input symbol).
 """
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with, prefix_mask
+from .base import IGNORE, Batch, Task, assemble, end_with, prefix_mask
 
 
 class UniqueSet(Task):
@@ -23,9 +28,12 @@ class UniqueSet(Task):
     answer_symbols = 50
     example = "3 17 3 9 = -> 3 17 9"
 
-    def __init__(self, *, symbols: int = 50):
+    def __init__(self, *, symbols: int = 50, coupled: bool = False):
         if not isinstance(symbols, int) or isinstance(symbols, bool) or symbols < 1:
             raise ValueError(f"unique_set: symbols must be an integer >= 1, got {symbols!r}")
+        if not isinstance(coupled, bool):
+            raise ValueError(f"unique_set: coupled must be true or false, got {coupled!r}")
+        self.coupled = coupled
         self.symbols = symbols
         self.tokens = tuple(str(s) for s in range(symbols)) + ("=",)
         self.answer_symbols = symbols
@@ -48,4 +56,19 @@ class UniqueSet(Task):
         symbol0 = self.token_id("0")
         answer = x.gather(1, keep) + symbol0
         question = end_with(x + symbol0, n, self.token_id("="))
-        return assemble(question, n + 1, answer, first.sum(1), lengths=n, n_steps=n.clone())
+        batch = assemble(question, n + 1, answer, first.sum(1), lengths=n, n_steps=n.clone())
+        if self.coupled:
+            self.couple(batch, keep)
+        return batch
+
+    @staticmethod
+    def couple(batch: Batch, keep: Tensor) -> None:
+        """Coupled IDs from `keep` (B, W): the input position of each answer symbol."""
+        q, a = batch.question_len[:, None], batch.scored.sum(1, keepdim=True) - 1  # a: answer symbols
+        j = torch.arange(batch.inputs.shape[1])[None, :]
+        source = torch.cat([keep, keep[:, :1]], 1)  # one spare column: the EOS's (its ID is 0 anyway)
+        copied = 2 + source.gather(1, (j - q).clamp(0, source.shape[1] - 1))  # ID of the answer symbol at j
+        ids = torch.where(j < q - 1, 2 + j, torch.where(j == q - 1, 1, copied))
+        batch.position_ids = ids.masked_fill(j >= batch.widths[:, None], 0)
+        following = 2 + source.gather(1, (j - q + 1).clamp(0, source.shape[1] - 1))  # the next answer symbol's
+        batch.target_ids = torch.where(j - q + 1 >= a, 0, following).masked_fill(~batch.scored, IGNORE)
