@@ -4,7 +4,8 @@
   per series, training lengths shaded;
 - accuracy_vs_iteration: from per_step.csv, a panel per looped series, a line per
   test length, markers at the step each stop rule picked;
-- heatmap: a metric over length x a swept task option, a panel per task and series.
+- heatmap: a metric over length x a swept task option, a panel per task and series;
+- accuracy_vs_option: a metric against a swept task option at one length, a line per series.
 """
 from __future__ import annotations
 
@@ -129,6 +130,44 @@ def plot_heatmap(agg: list[dict], path: Path, y: str, metric: str = "accuracy") 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_vs_option(agg: list[dict], path: Path, x: str, length: int | None = None, metric: str = "accuracy") -> int:
+    """`metric` (mean ± s.e. over seeds) against the swept option `x`, at one test length (the
+    longest evaluated, unless given), a panel per task, a line per series without `x` (e.g.
+    one per K_train). Returns the length drawn."""
+    plt = _pyplot()
+    rows = [a for a in agg if a.get(x, "") != ""]
+    if not rows:
+        raise UserError(f"no result row has a {x!r} column to draw against (is it in eval.sweep?)")
+    at = length if length is not None else max(a["length"] for a in rows)
+    rows = [a for a in rows if a["length"] == at]
+    if not rows:
+        raise UserError(f"no result row at length {at} to draw {metric} against {x}")
+    drop = lambda s: tuple((k, v) for k, v in s if k != x)  # noqa: E731
+    rows = [{**a, "series": drop(a["series"])} for a in rows]
+    labels, colors = series_labels(rows, frozenset({x})), series_colors(rows)
+    tasks = sorted({a["task"] for a in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    err_key = "stderr" if metric == "accuracy" else f"{metric}_stderr"
+    for ax, task in zip(axes.flat, tasks):
+        mine = [a for a in rows if a["task"] == task]
+        for series in sorted({a["series"] for a in mine}, key=lambda s: labels[s]):
+            line = sorted((a for a in mine if a["series"] == series), key=lambda a: as_number(a[x]))
+            seeds = max(a["seeds"] for a in line)
+            ax.errorbar([as_number(a[x]) for a in line], [a[metric] for a in line],
+                        yerr=[0 if math.isnan(a[err_key]) else a[err_key] for a in line], marker="o", ms=3,
+                        capsize=2, color=colors[series], label=f"{labels[series]} ({seeds} seed{'s' * (seeds > 1)})")
+        if metric == "accuracy":
+            chance = sorted(((as_number(a[x]), a["baseline"]) for a in mine))
+            ax.plot([c[0] for c in chance], [c[1] for c in chance], "k--", lw=1, label="random guess")
+        ax.set(title=f"{task}, length {at}", xlabel=f"{short_name(x)} (in evaluation)",
+               ylabel="exact-match accuracy" if metric == "accuracy" else metric, ylim=(-0.03, 1.03))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return at
 
 
 def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: int = 6) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
-from .figures import plot, plot_attention, plot_heatmap, plot_per_step
+from .figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from .series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
@@ -89,7 +89,7 @@ def figure_specs(layout: dict) -> list[dict]:
         if unknown:
             raise UserError(f"report figure {spec['kind']} has no setting {sorted(unknown)[0]!r}; "
                             f"its settings: {', '.join(sorted(FIGURES[spec['kind']])) or 'none'}")
-        for key in {"heatmap": ("y",), "attention": ("task",)}.get(spec["kind"], ()):
+        for key in {"heatmap": ("y",), "attention": ("task",), "accuracy_vs_option": ("x",)}.get(spec["kind"], ()):
             if not isinstance(spec.get(key), str):
                 raise UserError(f"a {spec['kind']} figure needs {key} = NAME")
     for spec in layout.get("tables", []):
@@ -100,7 +100,7 @@ def figure_specs(layout: dict) -> list[dict]:
 
 # figure kind -> its settings
 FIGURES = {"accuracy_vs_length": {"panels", "names", "metric"}, "accuracy_vs_iteration": set(), "heatmap": {"y", "metric"},
-           "attention": {"task", "arm", "options", "length"}}
+           "attention": {"task", "arm", "options", "length"}, "accuracy_vs_option": {"x", "length", "metric"}}
 
 
 def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
@@ -178,6 +178,13 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
             plot_heatmap(agg, out / name, y, metric)
             text += [f"## {metric} over length and {short_name(y)}", "",
                      "Mean over seeds; the dashed line ends the training lengths.", "", f"![{metric} heatmap]({name})", ""]
+        elif kind == "accuracy_vs_option":
+            metric, x = spec.get("metric", "accuracy"), spec["x"]
+            name = f"{metric}_vs_{short_name(x)}.png"
+            at = plot_vs_option(agg, out / name, x, spec.get("length"), metric)
+            text += [f"## {metric} against {short_name(x)} at length {at}", "",
+                     "Mean ± standard error over seeds; the dashed line is random guessing.", "",
+                     f"![{metric} vs {short_name(x)}]({name})", ""]
         elif kind == "attention":
             text += attention_section(spec, rows, out)
     (out / "report.md").write_text("\n".join(text))

@@ -13,7 +13,7 @@ import torch
 from lengthgen import presets
 from lengthgen.cli import main
 from lengthgen.evaluate import evaluate_run, read_per_step, read_rows, relabel
-from lengthgen.figures import plot, plot_heatmap, split_panels
+from lengthgen.figures import plot, plot_heatmap, plot_vs_option, split_panels
 from lengthgen.report import markdown
 from lengthgen.series import aggregate
 from lengthgen.tasks import TASKS, Copy
@@ -126,6 +126,22 @@ def test_panels_split_a_task_by_a_swept_option(tmp_path, monkeypatch):
     assert titles == ["parity, hard", "parity, easy"]
     assert lines[(0, "a (2 seeds)")] == [pytest.approx((n + 3 + 0.5) / 100) for n in (2, 8)]
     assert lines[(1, "b (2 seeds)")] == [pytest.approx((n + 1 + 1.5) / 100) for n in (2, 8)]
+
+
+def test_accuracy_against_an_option_is_read_at_the_longest_length(tmp_path, monkeypatch):
+    """A line per training value of k_max, the means over seeds at the longest length, in k's order."""
+    base = {"task": "sparse_parity", "method": "ntp", "arm": "rope", "position": "rope", "stop": "", "n": 8,
+            "token_accuracy": 1.0, "stop_step": float("nan"), "train_max": 4, "baseline": 0.5, "step": 1}
+    rows = [{**base, "run": f"r{m}{s}", "source": f"r{m}{s}", "seed": s, "length": n, "k": str(k),
+             "task.options.k_max": str(m), "accuracy": (n + k + s + 10 * m) / 100}
+            for m in (2, 4) for s in (0, 1) for n in (4, 16) for k in (4, 2, 10)]
+    lines = {}
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda ax, x, y, **kw: lines.setdefault(kw["label"], (x, y)))
+    assert plot_vs_option(aggregate(rows), tmp_path / "k.png", "k") == 16
+    assert lines["rope (k_max=2) (2 seeds)"] == ([2, 4, 10], [pytest.approx((16 + k + 0.5 + 20) / 100) for k in (2, 4, 10)])
+    assert lines["rope (k_max=4) (2 seeds)"][1][0] == pytest.approx((16 + 2 + 0.5 + 40) / 100)
+    with pytest.raises(Exception, match="no result row at length 5"):
+        plot_vs_option(aggregate(rows), tmp_path / "k.png", "k", length=5)
 
 
 def test_an_unknown_position_option_exits_2_naming_the_key(tmp_path):
