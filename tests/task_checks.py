@@ -8,7 +8,7 @@ import torch
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
 ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
-         "sparse_parity", "decimal_addition"]
+         "sparse_parity", "decimal_addition", "decimal_multiplication"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -95,10 +95,16 @@ def solve_decimal_addition(q: str, n: int) -> tuple[str, int]:
     return str(int(a) + int(b)).zfill(n + 1)[::-1], n
 
 
+def solve_decimal_multiplication(q: str, n: int, b_digits: int = 2) -> tuple[str, int]:
+    a, b = _match(rf"(\d{{{n}}})\*(\d{{{b_digits}}})=", q).groups()
+    return str(int(a) * int(b)).zfill(n + b_digits)[::-1], n
+
+
 SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_addition,
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
            "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct,
-           "sparse_parity": solve_sparse_parity, "decimal_addition": solve_decimal_addition}
+           "sparse_parity": solve_sparse_parity, "decimal_addition": solve_decimal_addition,
+           "decimal_multiplication": solve_decimal_multiplication}
 
 
 # ---------------------------------------------------------------- layout check

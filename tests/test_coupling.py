@@ -67,6 +67,22 @@ def test_transforms_that_move_columns_refuse_predicted_ids():
             build_transform(name, options)(batch, torch.Generator())
 
 
+def test_decimal_multiplication_ids_couple_digits_of_equal_significance():
+    for m in (1, 2, 3):
+        task = get_task("decimal_multiplication", b_digits=m, coupled=True)
+        n = torch.tensor([1, 2, 6, 9] * 4)
+        batch = task.sample(len(n), n, torch.Generator().manual_seed(m))
+        for i in range(len(batch)):
+            question, answer = task.to_text(batch, i)
+            a, b = question[:-1].split("*")
+            every = [2 + len(a) - 1 - j for j in range(len(a))] + [1] + [2 + len(b) - 1 - j for j in range(len(b))]
+            every += [1] + [2 + s for s in range(len(answer))]
+            width = int(batch.widths[i])
+            assert batch.position_ids[i, :width].tolist() == every[:width], (question, answer)
+            columns = batch.scored[i].nonzero()[:, 0].tolist()
+            assert [int(batch.target_ids[i, j]) for j in columns] == [every[j + 1] for j in columns]
+
+
 def walk_ids(task_name: str, question: str, answer: str) -> tuple[list[int], list[int]]:
     """(IDs of every token of question + answer, incl. the EOS of unique_set, by hand)."""
     if task_name == "copy":

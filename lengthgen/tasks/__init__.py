@@ -9,6 +9,7 @@ from .binary_sum import BinarySum
 from .copy import Copy
 from .copy_symbols import CopySymbols
 from .decimal_addition import DecimalAddition
+from .decimal_multiplication import DecimalMultiplication
 from .flipflop import FlipFlop
 from .induct import Induct
 from .multiplication import Multiplication
@@ -18,7 +19,7 @@ from .unique_set import UniqueSet
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
-                              FlipFlop, SparseParity, DecimalAddition)
+                              FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication)
 }
 
 
@@ -33,4 +34,5 @@ def get_task(name: str, **options) -> Task:
 
 __all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
-           "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition"]
+           "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition",
+           "DecimalMultiplication"]

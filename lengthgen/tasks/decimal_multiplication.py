@@ -1,0 +1,71 @@
+"""Decimal N x M Multiplication in Cho et al.'s format (NeurIPS 2024), with optional coupling.
+
+    question "0312*47="  ->  answer "466410"   (312 x 47 = 14664, n + M digits, units first)
+
+a has n digits and b has M (option `b_digits`, default 2: Cho et al.'s N x 2), both
+zero-padded (each uniform over 0..10^digits - 1); the product has n + M digits, least
+significant first.
+
+`coupled = true` gives coupled position IDs as in decimal_addition: the digits of
+significance i in a, b and the product take START + 1 + i, "*" and "=" take START (1),
+padding 0; `target_ids` hold each scored position's next ID (Predictive Position Coupling).
+
+T(n) = n looped steps.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import IGNORE, Batch, Task, assemble, prefix_mask
+from .decimal_addition import START
+
+
+class DecimalMultiplication(Task):
+    name = "decimal_multiplication"
+    tokens = tuple("0123456789") + ("*", "=")
+    answer_symbols = 10
+    eos = False  # the question fixes the answer length: n + M digits
+    example = "0312*47= -> 466410"
+
+    def __init__(self, *, b_digits: int = 2, coupled: bool = False):
+        if not isinstance(b_digits, int) or isinstance(b_digits, bool) or b_digits < 1:
+            raise ValueError(f"decimal_multiplication: b_digits must be an integer >= 1, got {b_digits!r}")
+        if not isinstance(coupled, bool):
+            raise ValueError(f"decimal_multiplication: coupled must be true or false, got {coupled!r}")
+        self.m, self.coupled = b_digits, coupled
+
+    def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
+        n, width = self.lengths_of(batch_size, length)
+        m = self.m
+        a = torch.randint(0, 10, (batch_size, width), generator=generator) * prefix_mask(n, width)  # units first
+        b = torch.randint(0, 10, (batch_size, m), generator=generator)
+        # schoolbook: column i of the product sums a[i - j] * b[j], then the carries run up
+        columns = torch.zeros(batch_size, width + m, dtype=torch.long)
+        for j in range(m):
+            columns[:, j:j + width] += a * b[:, j:j + 1]
+        product = torch.zeros_like(columns)
+        carry = torch.zeros(batch_size, dtype=torch.long)
+        for i in range(width + m):
+            total = columns[:, i] + carry
+            product[:, i], carry = total % 10, total // 10
+        digit = self.token_id("0")
+        # question row b: a's n digits most significant first, "*", b's M digits, "="
+        j = torch.arange(width + m + 2)[None, :]
+        times, equals = n[:, None], n[:, None] + m + 1
+        from_a = a.gather(1, (times - 1 - j).clamp(0, width - 1))
+        from_b = b.gather(1, (equals - 1 - j).clamp(0, m - 1))
+        question = torch.where(j < times, from_a, from_b) + digit
+        question = torch.where(j == times, self.token_id("*"), torch.where(j == equals, self.token_id("="), question))
+        batch = assemble(question, n + m + 2, product + digit, n + m, lengths=n, n_steps=n.clone(), eos=self.eos)
+        if self.coupled:
+            self.couple(batch)
+        return batch
+
+    def couple(self, batch: Batch) -> None:
+        n, q = batch.lengths[:, None], batch.question_len[:, None]
+        j = torch.arange(batch.inputs.shape[1])[None, :]
+        significance = torch.where(j < n, n - 1 - j, torch.where(j < q - 1, q - 2 - j, j - q))
+        ids = torch.where((j == n) | (j == q - 1), START, START + 1 + significance)
+        batch.position_ids = ids.masked_fill(j >= batch.widths[:, None], 0)
+        batch.target_ids = (START + 2 + j - q).masked_fill(~batch.scored, IGNORE)
