@@ -7,6 +7,7 @@
     preset = "{scale}/parity.toml"       # its preset per scale, relative to the grid (this is the default)
     default = true                       # run when --tasks is not given
     axes = {"task.options.k" = [2, 4]}   # extra axes: one run per value (per combination of several)
+    only = ["looped", "ntp"]             # the arms this task runs (default: every arm)
     [tasks.parity.arms.looped]           # what this task changes of an arm (the keys of an arm)
     stops = ["oracle", "confidence"]
 
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1] / "experiments"
 GRID = "grid.toml"
 # key -> (type, what it is); a table of names (tasks, arms, scales) is checked entry by entry
 ARM_KEYS = {"set": dict, "multiply": dict, "stops": list, "per_step": bool, "default": bool, "description": str}
-TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict}
+TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict, "only": list}
 REPORT_KEYS = {"summary": list, "figures": list, "tables": list}
 TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
 RUNTIME_KEYS = {"train.threads", "train.device"}  # how a run executes, not what it computes
@@ -130,6 +131,8 @@ class Grid:
             self.check_keys(spec, ARM_KEYS, f"arms.{arm}")
         for task, spec in grid["tasks"].items():
             self.check_keys(spec, TASK_KEYS, f"tasks.{task}")
+            for arm in spec.get("only", []):
+                self.fail_unless(arm in grid["arms"], f"tasks.{task}.only names {arm!r}, no arm of [arms]")
             for arm, change in spec.get("arms", {}).items():
                 self.fail_unless(arm in grid["arms"], f"tasks.{task}.arms.{arm} names no arm of [arms]")
                 self.check_keys(change, ARM_KEYS, f"tasks.{task}.arms.{arm}")
@@ -154,6 +157,11 @@ class Grid:
         """The arm as this task sees it: [arms.<arm>] with [tasks.<task>.arms.<arm>] merged in."""
         grid = self.resolved(scale)
         return merge(grid["arms"][arm], grid["tasks"][task].get("arms", {}).get(arm, {}))
+
+    def arms_of(self, scale: str, task: str) -> list[str]:
+        """The arms a task runs: its `only` list, or every arm."""
+        grid = self.resolved(scale)
+        return grid["tasks"][task].get("only") or list(grid["arms"])
 
     def axes(self, scale: str, task: str) -> dict:
         grid = self.resolved(scale)
@@ -200,6 +208,7 @@ def describe(root: Path | None = None) -> str:
         lines += [f"{name}: {g['title']}", f"  scales: {', '.join(grid.scales)}",
                   f"  tasks:  {', '.join(mark('tasks', t) for t in g['tasks'])}",
                   f"  arms:   {', '.join(mark('arms', a) for a in g['arms'])}"]
+        lines += [f"  {t} runs only: {', '.join(g['tasks'][t]['only'])}" for t in g["tasks"] if g["tasks"][t].get("only")]
         axes = sorted({k for t in g["tasks"] for k in grid.axes(scale, t)})
         if axes:
             lines.append(f"  axes:   {', '.join(axes)}")
@@ -237,7 +246,7 @@ def labels_of(grid: Grid, scale: str, task: str, arms: list[str], extra: list[st
     every run gets. An arm not run now that `extra` does not suit (an option of another
     scheme, say) is left out rather than refused."""
     preset, configs = grid.preset(scale, task), {}
-    for arm in grid.resolved(scale)["arms"]:
+    for arm in grid.arms_of(scale, task):
         for values in combinations(grid.axes(scale, task)):
             try:
                 cfg = load(preset, arm_overrides(grid, scale, task, arm, values) + list(extra))
@@ -262,7 +271,7 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
     jobs = []
     for task in tasks:
         preset, labels = grid.preset(scale, task), labels_of(grid, scale, task, arms, extra)
-        for arm in arms:
+        for arm in (a for a in arms if a in grid.arms_of(scale, task)):
             spec = grid.arm(scale, task, arm)
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
             for values in combinations(grid.axes(scale, task)):

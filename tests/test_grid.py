@@ -101,6 +101,19 @@ def test_labels_do_not_depend_on_which_arms_run(tmp_path):
         grids.plan(grid, "cpu", ["multiplication"], ["plain"], 1, tmp_path / "out", workers=1, extra=theta)
 
 
+def test_a_task_runs_only_its_own_arms(tmp_path, capsys):
+    """`only` limits a task to some arms: the others are neither planned nor labelled against."""
+    grid = grids.find(str(toy(tmp_path / "toy", GRID.replace(
+        "[tasks.multiplication]\n", "[tasks.multiplication]\nonly = [\"plain\", \"wide\"]\n"))))
+    jobs = grids.plan(grid, "cpu", ["multiplication"], ["plain", "rope"], 1, tmp_path / "out", workers=1)
+    assert {job.arm for job in jobs} == {"plain"}
+    assert set(jobs[0].labels) == {"arm", "model.d_model", "task.options.max_a_bits"}  # rope's position: no label
+    assert "multiplication runs only: plain, wide" in grids.describe(tmp_path)
+    bad = toy(tmp_path / "bad", GRID.replace("[tasks.multiplication]\n", "[tasks.multiplication]\nonly = [\"ropes\"]\n"))
+    assert main(["reproduce", str(bad), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "tasks.multiplication.only names 'ropes', no arm of [arms]" in capsys.readouterr().err
+
+
 def test_an_empty_options_table_is_no_label():
     """Arms that set scheme options (rope's theta) and arms that leave the table empty differ in
     that option alone; `{}` against a missing key is no difference."""
