@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lengthgen.tasks import IGNORE, get_task
+from task_checks import check_layout
 from lengthgen.transforms import build_transform
 
 
@@ -29,6 +30,22 @@ def test_decimal_addition_ids_couple_digits_of_equal_significance():
         assert all(p == 0 for p in got[len(expected):])  # padding
     plain = get_task("decimal_addition").sample(len(n), n, torch.Generator().manual_seed(0))
     assert plain.position_ids is None and torch.equal(plain.inputs, batch.inputs)
+
+
+def test_operands_of_different_lengths_are_summed_and_coupled_by_significance():
+    task = get_task("decimal_addition", coupled=True, operands="different")
+    n = torch.tensor([1, 3, 6, 10] * 25)
+    batch = task.sample(len(n), n, torch.Generator().manual_seed(5))
+    check_layout(task, batch, n)
+    shorter = set()
+    for i in range(len(batch)):
+        question, answer = task.to_text(batch, i)
+        a, b = question[:-1].split("+")
+        assert max(len(a), len(b)) == int(n[i]) and min(len(a), len(b)) >= 1
+        assert answer == str(int(a) + int(b)).zfill(int(n[i]) + 1)[::-1]
+        assert batch.position_ids[i, :int(batch.widths[i])].tolist() == addition_ids(question, answer)
+        shorter.add("a" if len(a) < len(b) else "b" if len(b) < len(a) else "=")
+    assert shorter == {"a", "b", "="}  # either operand can be the short one
 
 
 def test_random_offset_keeps_the_coupling_and_reaches_max_position():
