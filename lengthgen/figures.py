@@ -51,7 +51,8 @@ def plot(agg: list[dict], path: Path, metric: str = "accuracy", panels: str | No
     if panels:
         agg, rank = split_panels(agg, panels, names or {})
     tasks = sorted({a["task"] for a in agg}, key=lambda t: (t.split(",")[0], rank.get(t, -1)))
-    colors, labels = series_colors(agg), series_labels(agg)
+    labels = series_labels(agg)
+    colors = series_colors(agg, labels)
     cols = min(3, len(tasks))
     rows_n = math.ceil(len(tasks) / cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.4 * rows_n), squeeze=False)
@@ -146,7 +147,8 @@ def plot_vs_option(agg: list[dict], path: Path, x: str, length: int | None = Non
         raise UserError(f"no result row at length {at} to draw {metric} against {x}")
     drop = lambda s: tuple((k, v) for k, v in s if k != x)  # noqa: E731
     rows = [{**a, "series": drop(a["series"])} for a in rows]
-    labels, colors = series_labels(rows, frozenset({x})), series_colors(rows)
+    labels = series_labels(rows, frozenset({x}))
+    colors = series_colors(rows, labels)
     tasks = sorted({a["task"] for a in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
     err_key = "stderr" if metric == "accuracy" else f"{metric}_stderr"

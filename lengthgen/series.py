@@ -173,10 +173,19 @@ def task_view(agg: list[dict], task: str, labels: dict[tuple, str]) -> dict:
             "chance": {n: chance(b) for n, b in baselines.items()}}
 
 
-def series_colors(agg: list[dict]) -> dict[tuple, str]:
-    """One colour per series, the same in every panel."""
-    every = sorted({a["series"] for a in agg}, key=lambda s: tuple(map(str, s)))
-    return {key: f"C{i % 10}" for i, key in enumerate(every)}
+def series_colors(agg: list[dict], labels: dict[tuple, str] | None = None) -> dict[tuple, str]:
+    """One colour per series label, the same in every panel: series of different tasks that
+    the legend names alike (one arm) share it, and different labels never do (tab20 past 10)."""
+    labels = labels or series_labels(agg)
+    names = sorted(set(labels.values()))
+    palette = [f"C{i}" for i in range(10)] if len(names) <= 10 else \
+        [f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}" for r, g, b, _ in _tab20()]
+    return {key: palette[names.index(label) % len(palette)] for key, label in labels.items()}
+
+
+def _tab20() -> list[tuple]:
+    from matplotlib import colormaps
+    return [colormaps["tab20"](i) for i in range(20)]
 
 
 def as_number(text: str):

@@ -140,6 +140,17 @@ def test_plot_gives_each_series_one_colour_in_every_panel():
     colors = series_colors(agg)
     assert len(colors) == 3 and len(set(colors.values())) == 3  # one key per series, not per panel
     assert series_colors(agg[::-1]) == colors  # independent of the row order
+    # split into panels by a swept option, one task's series lose that column and the other's keep
+    # it empty: different keys, one legend name per arm, so one colour per arm
+    from lengthgen.figures import split_panels
+
+    arms, _ = split_panels(aggregate([{**base, "task": t, "method": "ntp", "arm": arm, "k": k}
+                                      for t, k in (("copy", ""), ("parity", "3")) for arm in ("a", "b")]), "k", {})
+    assert len({a["series"] for a in arms}) == 4
+    by_arm = {"a": set(), "b": set()}
+    for a in arms:
+        by_arm[dict(a["series"])["arm"]].add(series_colors(arms)[a["series"]])
+    assert all(len(c) == 1 for c in by_arm.values()) and by_arm["a"] != by_arm["b"]
 
 
 def test_eval_stop_rules_and_per_step(tmp_path, capsys):
