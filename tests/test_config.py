@@ -92,12 +92,10 @@ def test_bad_values_name_the_key(override, names):
       "train.position_transform_options={max_position=64}"], ["model.max_positions (40)", "up to 64", "at least 65"]),
     (["method=ntp-pause", "train.position_transform=random_offset", "train.position_transform_options={max_position=64}"],
      ["train.position_transform", "ntp-pause"]),
-    (["model.position=learned", "model.max_positions=40", "task.train_max=8", "eval.lengths=8,50"],
-     ["model.max_positions (40)", "eval.lengths up to 50", "at least 51"]),
     (["task.name=multiplication", "eval.sweep={max_a_bits=[2, 0]}"], ["eval.sweep", "max_a_bits=0"]),
     (["eval.sweep={symbols=[]}"], ["eval.sweep"]),
 ], ids=["scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option",
-        "table-under-transform", "pause-no-ids", "table-under-eval", "sweep-value", "sweep-empty"])
+        "table-under-transform", "pause-no-ids", "sweep-value", "sweep-empty"])
 def test_scheme_transform_and_sweep_options_are_checked(overrides, names):
     with pytest.raises(ConfigError) as err:
         presets.load(None, overrides)
