@@ -12,12 +12,7 @@ from lengthgen.positions import PositionalScheme, default_position_ids
 D, H = 16, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg(**kw) -> ModelConfig:

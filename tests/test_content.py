@@ -13,12 +13,7 @@ from lengthgen.config import ModelConfig
 from lengthgen.model import Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rand(*shape, seed=0):
