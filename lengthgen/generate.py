@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .attention import KVCache
 from .tasks import Batch
+from .transforms import base_ids
 
 # (model, hidden state of the last token (B, D), its position ID (B,)) -> the next token's ID (B,)
 NextId = Callable[[torch.nn.Module, Tensor, Tensor], Tensor]
@@ -24,14 +25,6 @@ NextId = Callable[[torch.nn.Module, Tensor, Tensor], Tensor]
 
 def following_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
     return last_id + 1
-
-
-def base_ids(batch: Batch) -> Tensor:
-    """(B, L) the batch's IDs, or 0..L-1."""
-    B, L = batch.inputs.shape
-    if batch.position_ids is not None:
-        return batch.position_ids.expand(B, L)
-    return torch.arange(L, device=batch.inputs.device).expand(B, L)
 
 
 @torch.no_grad()

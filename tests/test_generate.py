@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lengthgen.config import ModelConfig
-from lengthgen.generate import base_ids, generate_answers, greedy
+from lengthgen.generate import generate_answers, greedy
+from lengthgen.transforms import base_ids
 from lengthgen.model import Transformer
 from lengthgen.tasks import get_task
 
