@@ -64,7 +64,7 @@ def cmd_eval(args) -> None:
             sweep[key] = values if isinstance(values, list) else [values]
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
                         args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep)
-    swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0]["task"])]
+    swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0]["task"], rows[0]["method"])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
     for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
         if swept:

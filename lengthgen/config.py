@@ -60,10 +60,11 @@ class TrainConfig:
     weight_decay: float = 0.01  # AdamW weight decay
     betas: list = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
     grad_clip: float = 1.0  # max gradient norm; 0 = off
-    # cosine (warm-up, then cosine), curriculum_cosine (warm-up, constant until the curriculum ends, then cosine), constant
+    # cosine (warm-up, then cosine), curriculum_cosine (warm-up, constant until the curriculum ends, then cosine),
+    # linear (warm-up, then a straight line down), constant
     schedule: str = "cosine"
-    warmup_steps: int = 0  # linear warm-up steps (cosine and curriculum_cosine; must be 0 with constant)
-    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 0  # linear warm-up steps (all but constant, where it must be 0)
+    min_lr_ratio: float = 0.0  # cosine and linear decay to lr * min_lr_ratio
     curriculum_start: int = 0  # first maximum length; 0 = no curriculum (train_max from the start)
     curriculum_interval: int = 500  # steps between +1 increments of the maximum length
     length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
@@ -98,7 +99,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-SCHEDULES = ("cosine", "curriculum_cosine", "constant")
+SCHEDULES = ("cosine", "curriculum_cosine", "linear", "constant")
 LENGTH_SAMPLING = ("per_sample", "per_batch")
 PRECISIONS = ("fp32", "bf16")
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve

@@ -25,7 +25,7 @@ from . import checkpoint
 from .config import Config
 from .presets import from_dict
 from .errors import UserError
-from .methods import Method, get_method
+from .methods import METHODS, Method, get_method
 from .tasks import TASKS, Batch, Task, get_task, measure
 from .train import autocast, native_bf16, pick_device
 
@@ -36,7 +36,8 @@ COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length",
 # samples at this length; baseline: exact-match chance of a uniform random guess; step: training
 # step of the evaluated weights. Beyond these a row may carry (see `row`): the run's labels from
 # RUN/series.json (config keys, dotted, e.g. task.options.k), the task options swept in evaluation
-# (eval.sweep, by option name) and the task's own metrics (Task.metric_names).
+# (eval.sweep, by option name) and the task's and method's own metrics (Task.metric_names,
+# Method.metric_names).
 METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged over seeds; tasks add theirs
 BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source")  # per run, not what tells series apart
 PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
@@ -44,9 +45,10 @@ PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length"
 LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its rows carry (written by reproduce)
 
 
-def metric_names(task: str) -> tuple[str, ...]:
-    """Every metric column of a task's rows: the common ones and the task's own."""
-    return METRICS + (TASKS[task].metric_names if task in TASKS else ())
+def metric_names(task: str, method: str = "") -> tuple[str, ...]:
+    """Every metric column of a task's rows: the common ones, the task's own and the method's."""
+    return METRICS + (TASKS[task].metric_names if task in TASKS else ()) + \
+        (METHODS[method].metric_names if method in METHODS else ())
 
 
 def cell(value) -> str:
@@ -154,7 +156,7 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
             if got is None:
                 pred, steps = (method.predict(model, batch), None) if rule is None else \
                     method.predict_stop(model, batch, rule)
-                got = (measure(task, pred, batch), steps)
+                got = ({**measure(task, pred, batch), **method.metrics(model, batch)}, steps)
             values, steps = got
             for name, value in values.items():
                 sums[stop][name] += float(value.float().sum())
@@ -208,7 +210,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         from .presets import check_sweep
         check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)))
     sweep = cfg.eval.sweep if sweep is None else sweep
-    clash = set(sweep) & (set(COLUMNS) | set(metric_names(cfg.task.name)) | set(labels))
+    clash = set(sweep) & (set(COLUMNS) | set(metric_names(cfg.task.name, cfg.method)) | set(labels))
     if clash:
         raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
     variants = sweep_variants(sweep)
@@ -302,13 +304,13 @@ def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tu
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of an eval.csv, typed (the task's own metric columns as floats too; labels and
-    swept options stay text)."""
+    """The rows of an eval.csv, typed (the task's and method's own metric columns as floats too;
+    labels and swept options stay text)."""
     rows = read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
                       ("accuracy", "token_accuracy", "baseline", "stop_step"),
                       {"stop": "", "stop_step": "nan", "arm": ""})
     for line, r in enumerate(rows, start=2):
-        for name in metric_names(r["task"])[len(METRICS):]:
+        for name in metric_names(r["task"], r["method"])[len(METRICS):]:
             try:
                 r[name] = float(r.get(name, "nan") or "nan")
             except ValueError:

@@ -240,26 +240,31 @@ def combinations(axes: dict) -> list[dict]:
 
 
 def labels_of(grid: Grid, scale: str, task: str, arms: list[str], extra: list[str]) -> dict[tuple, dict]:
-    """{(arm, axis values): labels}: the config keys whose values differ between the runs of
-    this task over every arm and axis value the grid declares (not only those run now, so a
-    run's labels do not depend on which others were asked for), with the --set `extra` that
-    every run gets. An arm not run now that `extra` does not suit (an option of another
-    scheme, say) is left out rather than refused."""
-    preset, configs = grid.preset(scale, task), {}
-    for arm in grid.arms_of(scale, task):
-        for values in combinations(grid.axes(scale, task)):
-            try:
-                cfg = load(preset, arm_overrides(grid, scale, task, arm, values) + list(extra))
-            except UserError:
-                if arm in arms:
-                    raise
-                continue
-            # an empty options table is no setting: {} and a missing key must not count as a difference
-            configs[(arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
+    """{(arm, axis values): labels}: the config keys whose values differ between the runs the
+    report puts in one table: every arm and axis value the grid declares for `task` and for
+    the grid's other tasks of the same registry task (not only those run now, so a run's
+    labels do not depend on which others were asked for), with the --set `extra` that every
+    run gets. An arm not run now that `extra` does not suit (an option of another scheme,
+    say) is left out rather than refused."""
+    configs = {}
+    for entry in grid.resolved(scale)["tasks"]:
+        preset = grid.preset(scale, entry)
+        for arm in grid.arms_of(scale, entry):
+            for values in combinations(grid.axes(scale, entry)):
+                try:
+                    cfg = load(preset, arm_overrides(grid, scale, entry, arm, values) + list(extra))
+                except UserError:
+                    if entry == task and arm in arms:
+                        raise
+                    continue
+                # an empty options table is no setting: {} and a missing key must not count as a difference
+                configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
+    name = read(grid.preset(scale, task), []).task.name
+    configs = {k: c for k, c in configs.items() if c["task.name"] == name}
     keys = sorted({k for c in configs.values() for k in c})
     differ = [k for k in keys if k not in OWN_COLUMNS | RUNTIME_KEYS | set(PER_RUN_KEYS)
               and len({repr(c.get(k)) for c in configs.values()}) > 1]
-    return {run: {"arm": run[0], **{k: c.get(k, "") for k in differ}} for run, c in configs.items()}
+    return {run[1:]: {"arm": run[1], **{k: c.get(k, "") for k in differ}} for run, c in configs.items() if run[0] == task}
 
 
 def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,

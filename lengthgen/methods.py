@@ -46,13 +46,19 @@ class Method:
     False, e.g. flip-flop) do not suit it;
     `needs_target_ids`: the method learns the next token's position ID (`Batch.target_ids`),
     so the task must supply coupled IDs;
-    `model_batch(batch)`: the batch as the model reads it (for sizing position tables)."""
+    `model_batch(batch)`: the batch as the model reads it (for sizing position tables);
+    `metric_names` / `metrics(model, batch)`: the method's own evaluation metrics, per sample."""
 
     name = ""
     has_stop_rules = False
     accepts_position_ids = True
     needs_answer_region = False
     needs_target_ids = False
+    metric_names: tuple[str, ...] = ()
+
+    def metrics(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        """{name: (B,) float} for every name in `metric_names`."""
+        return {}
 
     def build_model(self, cfg: Config, task: Task) -> nn.Module:
         return Transformer(cfg.model, task.vocab_size)
@@ -174,6 +180,7 @@ class PredictivePositionCoupling(Method):
 
     name = "ppc"
     needs_target_ids = True
+    metric_names = ("id_accuracy",)
 
     def build_model(self, cfg, task):
         model = Transformer(cfg.model, task.vocab_size)
@@ -195,6 +202,14 @@ class PredictivePositionCoupling(Method):
         tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
         ids = F.cross_entropy(model.id_head(h).flatten(0, 1).float(), batch.target_ids.flatten(), ignore_index=IGNORE)
         return tokens + model.id_loss_weight * ids
+
+    @torch.no_grad()
+    def metrics(self, model, batch):
+        """id_accuracy: the share of a sample's answer positions whose next ID the ID head
+        predicts right, given the true tokens and IDs before it (teacher-forced)."""
+        scored = batch.target_ids != IGNORE
+        hit = (model.id_head(self.hidden(model, batch)).argmax(-1) == batch.target_ids) & scored
+        return {"id_accuracy": hit.sum(1).float() / scored.sum(1).clamp(min=1)}
 
     @torch.no_grad()
     def predict(self, model, batch):

@@ -31,7 +31,9 @@ def check(ok: bool, message: str) -> None:
 def check_options(key: str, options: dict, cls: type, owner: str, skip: tuple[str, ...] = ()) -> None:
     """Every key of an options table (`task.options`, `model.position_options`, ...) must be
     a keyword of `cls`'s constructor."""
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", *skip)]
+    params = inspect.signature(cls.__init__).parameters.values()  # object's (*args, **kwargs): none
+    accepted = [p.name for p in params
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", *skip)]
     for name in options:
         check(name in accepted, f"{key}.{name} is not an option of {owner}{_hint(name, accepted)}; "
                                 f"its options: {', '.join(accepted) or 'none'}")

@@ -23,7 +23,7 @@ DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accu
 
 
 def _cell(a: dict | None, metric: str = "accuracy") -> str:
-    if a is None:
+    if a is None or metric not in a:  # e.g. a method's own metric in another method's column
         return "–"
     err = a["stderr" if metric == "accuracy" else f"{metric}_stderr"]
     return f"{a[metric]:.3f}{'' if math.isnan(err) else f' ± {err:.3f}'} ({a['seeds']})"
@@ -55,7 +55,8 @@ def markdown(agg: list[dict]) -> str:
         trained = f"{train_max}" if len(set(v["own_max"].values())) == 1 else \
             ", ".join(f"{v['own_max'][k]} ({label})" for k, label in zip(series, names))
         lines = [f"### {task}", ""]
-        for metric in ("accuracy", *metric_names(task)[len(METRICS):]):
+        own = dict.fromkeys(m for a in rows for m in metric_names(task, a["method"])[len(METRICS):])
+        for metric in ("accuracy", *own):
             what = "Exact-match accuracy" if metric == "accuracy" else f"`{metric}`"
             lines += [f"{what}, mean ± standard error over seeds (number of seeds in brackets); "
                       f"trained on lengths ≤ {trained}" + ("; `random` is the chance of a uniform random guess."

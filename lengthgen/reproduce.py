@@ -224,7 +224,9 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         check_precision(pick_device(device), precision)
     out.mkdir(parents=True, exist_ok=True)
     axes = " x axis values" if any(grid.axes(scale, task) for task in tasks) else ""
-    print(f"{len(jobs)} runs ({len(tasks)} tasks x {len(arms)} arms{axes} x {seeds} seeds) in {out}/runs, "
+    pairs = len({(job.task, job.arm) for job in jobs})  # tasks may run only some arms
+    shape = f"{len(tasks)} tasks x {len(arms)} arms" if pairs == len(tasks) * len(arms) else f"{pairs} task-arm pairs"
+    print(f"{len(jobs)} runs ({shape}{axes} x {seeds} seeds) in {out}/runs, "
           f"{workers} worker(s)", file=sys.stderr)
     results = run_all(jobs, workers, progress)
     failed = [r for r in results if not r["ok"]]

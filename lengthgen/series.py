@@ -46,7 +46,7 @@ def collect(paths: list[Path]) -> list[dict]:
 def key_columns(rows: list[dict], measured: tuple[str, ...] = ()) -> list[str]:
     """KEYS, then every other column that is neither measured (a metric), bookkeeping nor the
     length: the labels and swept options that tell series apart. Rows lacking one get ""."""
-    metrics = {m for r in rows for m in metric_names(r["task"])} | set(measured)
+    metrics = {m for r in rows for m in metric_names(r["task"], r.get("method", ""))} | set(measured)
     extra = sorted({k for r in rows for k in r} - set(KEYS) - set(BOOKKEEPING) - metrics - {"length"},
                    key=lambda k: ("." not in k, k))  # the run's config labels first, then swept options
     keys = list(KEYS) + extra
@@ -109,7 +109,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         a = {**key, "series": tuple((k, v) for k, v in key.items() if k != "task"), "length": length,
              "seeds": len(rs), "train_max": rs[0]["train_max"], "baseline": rs[0]["baseline"],
              "samples": sum(r["n"] for r in rs)}
-        for metric in metric_names(key["task"]):
+        for metric in metric_names(key["task"], key["method"]):
             mean, err = mean_stderr([r.get(metric, math.nan) for r in rs])
             a[metric], a["stderr" if metric == "accuracy" else f"{metric}_stderr"] = mean, err
         out.append(a)

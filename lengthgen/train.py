@@ -91,18 +91,22 @@ def curriculum_end(cfg: Config) -> int:
 
 
 def learning_rate(cfg: Config, step: int) -> float:
-    """Both cosine schedules warm up linearly first; constant has no warm-up (config refuses one)."""
+    """Cosine, curriculum_cosine and linear warm up linearly first; constant has no warm-up
+    (config refuses one). linear then decays in a straight line to lr * min_lr_ratio at the
+    last step (Golowich et al.'s schedule)."""
     tr = cfg.train
     if tr.schedule == "constant":
         return tr.lr
     if step < tr.warmup_steps:
         return tr.lr * (step + 1) / tr.warmup_steps
     # cosine: decay from the end of warm-up; curriculum_cosine: hold until the curriculum ends
-    begin = tr.warmup_steps if tr.schedule == "cosine" else max(tr.warmup_steps, curriculum_end(cfg))
+    begin = tr.warmup_steps if tr.schedule != "curriculum_cosine" else max(tr.warmup_steps, curriculum_end(cfg))
     if step < begin:
         return tr.lr
     progress = min(1.0, (step - begin) / max(1, tr.steps - begin))
     floor = tr.lr * tr.min_lr_ratio
+    if tr.schedule == "linear":
+        return tr.lr - (tr.lr - floor) * progress
     return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 

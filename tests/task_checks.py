@@ -82,9 +82,15 @@ def solve_flipflop(q: str, n: int) -> tuple[str, int]:
     return "".join(reads) + written, n
 
 
-def solve_sparse_parity(q: str, n: int, k_max: int = 4, k: int | None = None) -> tuple[str, int]:
-    """n bits, then n selectors with k '+' (the fixed k, or 1..min(k_max, n)): XOR of the selected bits."""
-    bits, selectors = _match(rf"([01]{{{n}}})([+-]{{{n}}})=", q).groups()
+def solve_sparse_parity(q: str, n: int, k_max: int = 4, k: int | None = None,
+                        layout: str = "blocks") -> tuple[str, int]:
+    """n bits, then n selectors with k '+' (the fixed k, or 1..min(k_max, n)): XOR of the selected bits.
+    layout "pairs": bit, selector, bit, selector, ..."""
+    if layout == "pairs":
+        pairs = _match(rf"((?:[01][+-]){{{n}}})=", q).group(1)
+        bits, selectors = pairs[0::2], pairs[1::2]
+    else:
+        bits, selectors = _match(rf"([01]{{{n}}})([+-]{{{n}}})=", q).groups()
     chosen = [b for b, s in zip(bits, selectors) if s == "+"]
     assert len(chosen) == k if k is not None else 1 <= len(chosen) <= min(k_max, n), (q, "wrong number selected")
     return str(chosen.count("1") % 2), n

@@ -20,15 +20,19 @@ def test_every_preset_loads(preset):
 
 @pytest.mark.parametrize("paper", grid.papers(), ids=str)
 def test_every_run_of_every_grid_loads(paper):
-    """Every (scale, task, arm, axis values) a grid declares, default or not, is a valid config."""
+    """Every (scale, task, arm, axis values) a grid declares, default or not, is a valid config,
+    and every arm a task runs changes what its name says: the arms of a grid differ."""
     g = grid.find(paper)
     for scale in g.scales:
         spec = g.resolved(scale)
         for task in spec["tasks"]:
-            for arm in spec["arms"]:
+            configs = {}
+            for arm in g.arms_of(scale, task):
                 for values in grid.combinations(g.axes(scale, task)):
                     cfg = presets.load(g.preset(scale, task), grid.arm_overrides(g, scale, task, arm, values))
-                    assert cfg.task.name == task
+                    assert cfg.task.name == presets.load(g.preset(scale, task)).task.name
+                    configs[(arm, tuple(values.items()))] = config.to_dict(cfg)
+            assert len({repr(c) for c in configs.values()}) == len(configs), (scale, task)
 
 
 def test_overrides_are_typed_and_win():
@@ -55,7 +59,7 @@ def test_overrides_are_typed_and_win():
     ("task.train_max=0", ["task.train_max"]),
     ("eval.lengths=0:5", ["lengths", ">= 1"]),
     ("eval.lengths=a:b", ["lengths"]),
-    ("train.schedule=linear", ["train.schedule"]),
+    ("train.schedule=linearr", ["train.schedule", "did you mean linear"]),
     ("train.curriculum_start=99", ["train.curriculum_start"]),
     ("task.options={bogus=1}", ["task.options", "bogus"]),
     ("model.position_options.no_such=1", ["model.position_options.no_such", "not an option of nope"]),
@@ -88,13 +92,15 @@ def test_bad_values_name_the_key(override, names):
      ["max_position 3 allows position IDs up to 3"]),
     (["train.position_transform=randomized", "train.position_transform_options={max_position=64, chunks=2}"],
      ["train.position_transform_options.chunks", "not an option of randomized"]),
+    (["train.position_transform_options={max_position=64}"],
+     ["train.position_transform_options.max_position", "not an option of none; its options: none"]),
     (["model.position=learned", "model.max_positions=40", "train.position_transform=random_offset",
       "train.position_transform_options={max_position=64}"], ["model.max_positions (40)", "up to 64", "at least 65"]),
     (["method=ntp-pause", "train.position_transform=random_offset", "train.position_transform_options={max_position=64}"],
      ["train.position_transform", "ntp-pause"]),
     (["task.name=multiplication", "eval.sweep={max_a_bits=[2, 0]}"], ["eval.sweep", "max_a_bits=0"]),
     (["eval.sweep={symbols=[]}"], ["eval.sweep"]),
-], ids=["scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option",
+], ids=["scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option", "none-has-no-options",
         "table-under-transform", "pause-no-ids", "sweep-value", "sweep-empty"])
 def test_scheme_transform_and_sweep_options_are_checked(overrides, names):
     with pytest.raises(ConfigError) as err:

@@ -114,6 +114,21 @@ def test_a_task_runs_only_its_own_arms(tmp_path, capsys):
     assert "tasks.multiplication.only names 'ropes', no arm of [arms]" in capsys.readouterr().err
 
 
+def test_two_entries_of_one_task_are_told_apart_in_their_labels(tmp_path):
+    """Grid entries whose presets name the same registry task share the report's tables: their
+    labels must name what differs between the entries, or the report would average them together."""
+    folder = toy(tmp_path / "toy", GRID.replace("[arms.plain]", '[tasks.longer]\naxes = {"task.options.max_a_bits" = [1, 2]}\n[arms.plain]'))
+    (folder / "cpu" / "longer.toml").write_text(PRESET.replace("steps = 20", "steps = 30"))
+    jobs = grids.plan(grids.find(str(folder)), "cpu", ["multiplication", "longer"], ["plain"], 1, tmp_path / "out",
+                      workers=1)
+    steps = {job.folder.rsplit("/", 1)[-1]: job.labels.get("train.steps") for job in jobs}
+    assert steps == {"multiplication-plain-max_a_bits=1-s0": 20, "multiplication-plain-max_a_bits=2-s0": 20,
+                     "longer-plain-max_a_bits=1-s0": 30, "longer-plain-max_a_bits=2-s0": 30}
+    alone = grids.plan(grids.find(str(toy(tmp_path / "one"))), "cpu", ["multiplication"], ["plain"], 1, tmp_path / "o",
+                       workers=1)
+    assert "train.steps" not in alone[0].labels  # one entry: its steps tell nothing apart
+
+
 def test_an_empty_options_table_is_no_label():
     """Arms that set scheme options (rope's theta) and arms that leave the table empty differ in
     that option alone; `{}` against a missing key is no difference."""
@@ -134,10 +149,24 @@ def test_list_names_every_paper_with_its_tasks_and_arms(tmp_path, monkeypatch, c
 
 
 def test_the_papers_are_listed():
-    assert {"looped", "tra"} <= set(grids.papers())
+    assert {"looped", "tra", "sparsity"} <= set(grids.papers())
     text = grids.describe()
     assert "looped: Looped Transformers" in text and "ntp-pause" in text
     assert "tra: TRA: Threshold Relative Attention" in text and "arms:   nope*, rope*, alibi*, cope*, tra*, randomized*" in text
+    assert "sparsity: Sparsity and position coupling" in text and "unique_set runs only: ppc, coupled, rope_pose, nope" in text
+
+
+def test_the_sparsity_grid_couples_through_rope_on_cpu_and_a_learned_table_at_paper_scale():
+    grid = grids.find("sparsity")
+    for scale, position in (("cpu", "rope"), ("paper", "learned")):
+        jobs = grids.plan(grid, scale, ["addition_mixed"], ["ppc", "coupled", "nope"], 1, Path("unused"), workers=1)
+        sets = {job.arm: dict(s.split("=", 1) for s in job.overrides) for job in jobs}
+        assert sets["ppc"]["method"] == '"ppc"' and sets["coupled"]["task.options.coupled"] == "true"
+        assert sets["ppc"]["model.position"] == sets["coupled"]["model.position"] == f'"{position}"'
+        assert "task.options.coupled" not in sets["nope"]  # the baselines read no coupled IDs
+    k_max = {job.labels["task.options.k_max"] for job in grids.plan(grid, "paper", ["sparse_parity"], ["rope_pose"], 1,
+                                                                     Path("unused"), workers=1)}
+    assert k_max == {4, 6, 8, 10, 12}  # the paper's K_train
 
 
 @pytest.mark.parametrize("change, needle", [

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from lengthgen import presets
 from lengthgen.config import ConfigError
-from lengthgen.evaluate import load_run
+from lengthgen.report import write_report
+from lengthgen.evaluate import evaluate_run, load_run
 from lengthgen.generate import generate_answers, greedy
 from lengthgen.methods import get_method, predicted_id
 from lengthgen.tasks import IGNORE, Batch, get_task
@@ -81,3 +82,8 @@ def test_a_tiny_run_learns_the_next_ids(tmp_path):
         guess = model.id_head(h).argmax(-1)
     scored = batch.target_ids != IGNORE
     assert (guess[scored] == batch.target_ids[scored]).float().mean() > 0.95
+    # the evaluation reports it: eval.csv's id_accuracy column, in the per-task report table
+    rows = evaluate_run(folder, [4], 64, progress=False)
+    assert rows[0]["id_accuracy"] > 0.95 and rows[0]["id_accuracy"] <= 1.0
+    report = write_report([folder], tmp_path / "report").read_text()
+    assert "`id_accuracy`" in report

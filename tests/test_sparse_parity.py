@@ -12,13 +12,23 @@ from lengthgen.tasks import get_task
 from task_checks import check_answers, check_layout, solve_sparse_parity
 
 
+@pytest.mark.parametrize("layout", ["blocks", "pairs"])
 @pytest.mark.parametrize("k", [1, 4, 7])
-def test_a_fixed_k_selects_exactly_k_bits_and_the_answer_is_their_xor(k):
-    task = get_task("sparse_parity", k=k)
+def test_a_fixed_k_selects_exactly_k_bits_and_the_answer_is_their_xor(k, layout):
+    task = get_task("sparse_parity", k=k, layout=layout)
     n = torch.tensor([7, 9, 12, 30] * 8)
     batch = task.sample(len(n), n, torch.Generator().manual_seed(k))
     check_layout(task, batch, n)
-    check_answers(task, batch, n, lambda q, m: solve_sparse_parity(q, m, k=k))
+    check_answers(task, batch, n, lambda q, m: solve_sparse_parity(q, m, k=k, layout=layout))
+
+
+def test_the_pairs_layout_puts_each_selector_after_its_bit():
+    blocks, pairs = (get_task("sparse_parity", k=2, layout=layout) for layout in ("blocks", "pairs"))
+    a, b = (task.sample(1, 3, torch.Generator().manual_seed(5)) for task in (blocks, pairs))
+    (qa, answer_a), (qb, answer_b) = blocks.to_text(a, 0), pairs.to_text(b, 0)
+    assert qb == "".join(x + z for x, z in zip(qa[:3], qa[3:6])) + "=" and answer_a == answer_b
+    with pytest.raises(ValueError, match="layout must be 'blocks' or 'pairs', got 'mixed'"):
+        get_task("sparse_parity", layout="mixed")
 
 
 def test_training_draws_k_uniformly_up_to_k_max_and_never_past_the_length():

@@ -55,6 +55,10 @@ def test_curriculum_and_schedules():
     assert learning_rate(cos, 99) == pytest.approx(0.01)
     assert learning_rate(cos, 550) == pytest.approx(0.0055)
     assert learning_rate(cos, 1000) == pytest.approx(0.001)
+    line = tiny("train.steps=1000", "train.warmup_steps=100", "train.lr=0.01", "train.schedule=linear")
+    assert learning_rate(line, 99) == pytest.approx(0.01)
+    assert learning_rate(line, 325) == pytest.approx(0.0075)  # a quarter of the way down
+    assert learning_rate(line, 1000) == pytest.approx(0.0)
     assert curriculum_max(tiny(), 0) == 4  # no curriculum: the maximum from the start
 
 

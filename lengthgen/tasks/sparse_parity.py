@@ -12,6 +12,12 @@ Options: `k` fixes the number of selected bits (evaluation, swept as k_test);
 otherwise every sample draws k uniformly from 1..min(k_max, n) (training on
 K_train = k_max). A fixed k larger than a sample's n is an error.
 
+`layout = "pairs"` writes each selector right after its bit ("0-1-1+0+=" for the
+example above): the same 2n tokens and the same k-sparse answer, but each bit sits
+one token before its selector instead of n tokens, the locality that Golowich et
+al.'s theory assumes and position coupling supplies. In the default `blocks` layout,
+finding the bit of a selector is itself a lookup at a length-dependent distance.
+
 T(n) = n looped steps.
 """
 from __future__ import annotations
@@ -35,7 +41,10 @@ class SparseParity(Task):
     eos = False  # one answer bit
     example = "0110+--+= -> 0"
 
-    def __init__(self, *, k_max: int = 4, k: int | None = None):
+    def __init__(self, *, k_max: int = 4, k: int | None = None, layout: str = "blocks"):
+        if layout not in ("blocks", "pairs"):
+            raise ValueError(f"sparse_parity: layout must be 'blocks' or 'pairs', got {layout!r}")
+        self.layout = layout
         self.k_max = positive(k_max, "k_max")
         self.k = None if k is None else positive(k, "k")
         self.min_length = self.k or 1
@@ -59,10 +68,13 @@ class SparseParity(Task):
         rank = keys.argsort(1).argsort(1)
         selected = (rank < k[:, None]).long()
         answer = (bits * selected).sum(1, keepdim=True) % 2
-        # question row b: bits[:n], selectors[:n], "=" -> gathered from [bits | selectors] by column
-        j = torch.arange(2 * width)[None, :]
-        both = torch.cat([bits + self.token_id("0"), selected + self.token_id("-")], 1)  # (B, 2W)
-        source = torch.where(j < n[:, None], j, j - n[:, None] + width).clamp(max=2 * width - 1)
-        question = end_with(both.gather(1, source), 2 * n, self.token_id("="))
+        bits, selected = bits + self.token_id("0"), selected + self.token_id("-")
+        if self.layout == "pairs":  # bit i at column 2i, its selector at 2i + 1
+            body = torch.stack([bits, selected], 2).reshape(batch_size, 2 * width)
+        else:  # bits[:n], then selectors[:n]: gathered from [bits | selectors] by column
+            j = torch.arange(2 * width)[None, :]
+            source = torch.where(j < n[:, None], j, j - n[:, None] + width).clamp(max=2 * width - 1)
+            body = torch.cat([bits, selected], 1).gather(1, source)
+        question = end_with(body, 2 * n, self.token_id("="))
         return assemble(question, 2 * n + 1, answer + self.token_id("0"), torch.ones_like(n),
                         lengths=n, n_steps=n.clone(), eos=self.eos)
