@@ -162,7 +162,7 @@ def chance(baselines: list[float]) -> str:
 def task_view(agg: list[dict], task: str, labels: dict[tuple, str]) -> dict:
     """One task's aggregated rows, indexed the way the report's tables and figures read them."""
     rows = [a for a in agg if a["task"] == task]
-    series = sorted({a["series"] for a in rows}, key=lambda s: labels[s])
+    series = sorted({a["series"] for a in rows}, key=lambda s: (labels[s].split(" ")[0], natural(s)))
     own = {a["series"]: a["train_max"] for a in rows}  # one per series (aggregate checks it)
     baselines = defaultdict(list)
     for a in rows:
@@ -186,6 +186,12 @@ def series_colors(agg: list[dict], labels: dict[tuple, str] | None = None) -> di
 def _tab20() -> list[tuple]:
     from matplotlib import colormaps
     return [colormaps["tab20"](i) for i in range(20)]
+
+
+def natural(series: tuple) -> tuple:
+    """A sort key of a series' values in which numbers sort as numbers (k = 2 before k = 10)."""
+    values = [as_number(str(v)) for _, v in series]
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, v) for v in values)
 
 
 def as_number(text: str):

@@ -131,3 +131,13 @@ def test_summary_reads_each_series_at_multiples_of_its_own_training_maximum():
     assert "| parity | ntp | 1.000 (1) @6 | 1.000 (1) @8 |" in table
     assert "| parity | looped, oracle stop | 0.500 (1) @12 | 0.500 (1) @16 |" in table
     assert "trained on lengths ≤ 8 (looped, oracle stop), 4 (ntp)" in markdown(agg)
+
+
+def test_swept_values_order_as_numbers():
+    """k = 2 before k = 10 in every table, not as text ("10" < "2")."""
+    from lengthgen.report import summary
+
+    rows = [{**ROW, "run": "r", "length": 4, "k": k, "accuracy": 1 / int(k)} for k in ("10", "2", "4")]
+    table = summary(aggregate(rows))
+    order = [line.split("|")[2].strip() for line in table.splitlines()[2:]]
+    assert order == ["ntp (k=2)", "ntp (k=4)", "ntp (k=10)"], order
