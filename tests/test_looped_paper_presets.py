@@ -1,0 +1,162 @@
+"""The Looped Transformers paper presets (experiments/looped/paper/*.toml) against the tables
+of docs/looped.md, "Paper presets and the released code": every row's lengthgen key must hold
+that value in the loaded preset, and every key a preset sets must have a row. A value changed
+in a preset and not in the docs (or the other way round) fails here.
+
+RELEASED below repeats, independently of the docs, the per-task values of the authors' released
+configs (looped-tf at commit 33650c3: src/conf/<task>.yaml, src/conf/models/<task>.yaml), and
+the released curriculum (src/curriculum.py, src/train.py) is replayed step by step.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lengthgen import config, presets
+from lengthgen.config import tomllib
+from lengthgen.train import curriculum_end, curriculum_max, learning_rate
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "looped.md"
+PAPER = ROOT / "experiments" / "looped" / "paper"
+SECTION = "## Paper presets and the released code"
+COMMON = "All six presets"
+TASKS = ("parity", "copy", "addition", "binary_sum", "multiplication", "unique_set")
+BOOKKEEPING = {"train.log_interval", "train.checkpoint_interval"}  # logging, not the experiment
+REQUIRED = {  # the settings every paper preset must document, whether it sets them or not
+    "method", "task.name", "task.train_min", "task.train_max",
+    "model.d_model", "model.n_layer", "model.n_head", "model.position", "model.init", "model.tie_embeddings",
+    "train.steps", "train.batch_size", "train.lr", "train.weight_decay", "train.betas", "train.grad_clip",
+    "train.schedule", "train.warmup_steps", "train.min_lr_ratio", "train.curriculum_start",
+    "train.curriculum_interval", "train.length_sampling", "train.ema",
+    "eval.lengths", "eval.samples", "eval.batch_size",
+}
+
+# task: (block depth, heads, curriculum `end` (exclusive), curriculum `interval`, `test_len`)
+RELEASED = {
+    "parity": (1, 64, 21, 500, 40),
+    "copy": (2, 8, 20, 1000, 30),
+    "addition": (3, 8, 20, 1600, 30),
+    "binary_sum": (2, 16, 20, 500, 24),  # sum_reverse
+    "multiplication": (4, 8, 12, 500, 15),  # multi
+    "unique_set": (3, 8, 20, 1000, 30),  # dict
+}
+
+
+def doc_section() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index(f"\n{SECTION}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end == -1 else text[start:end]
+
+
+def doc_tables() -> dict[str, dict]:
+    """{### heading: {lengthgen key: value}} of every table in the section."""
+    tables: dict[str, dict] = {}
+    heading = None
+    for line in doc_section().splitlines():
+        if line.startswith("### "):
+            heading = line[4:].strip()
+            continue
+        if not line.startswith("|") or heading is None:
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0] == "setting" or not cells[0].strip("-"):  # header and separator rows
+            continue
+        assert len(cells) == 5, f"a row of {heading!r} needs 5 cells: {line}"
+        key = re.fullmatch(r"`([\w.]+)`", cells[3])
+        value = re.fullmatch(r"`(.+)`", cells[4])
+        assert key and value, f"a row of {heading!r} without a `key` and a `value`: {line}"
+        table = tables.setdefault(heading, {})
+        assert key.group(1) not in table, f"{key.group(1)} twice in {heading!r}"
+        table[key.group(1)] = tomllib.loads(f"v = {value.group(1)}")["v"]
+    return tables
+
+
+def expected(task: str) -> dict:
+    """The documented values of one preset: the common table and the task's own."""
+    tables = doc_tables()
+    own = [table for heading, table in tables.items() if f"`experiments/looped/paper/{task}.toml`" in heading]
+    assert len(own) == 1, f"docs/looped.md needs one table headed with `experiments/looped/paper/{task}.toml`"
+    both = tables[COMMON].keys() & own[0].keys()
+    assert not both, f"{sorted(both)} in both the common table and {task}'s"
+    return {**tables[COMMON], **own[0]}
+
+
+def same(a, b) -> bool:
+    """Equal and of the same kind: true is not 1, an int may equal a float."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) or isinstance(b, list):
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, str) or isinstance(b, str):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def load(task: str):
+    return presets.load(PAPER / f"{task}.toml")
+
+
+def test_the_docs_have_a_table_for_every_paper_preset_and_a_list_of_the_rest():
+    assert sorted(p.stem for p in PAPER.glob("*.toml")) == sorted(TASKS)
+    tables = doc_tables()
+    assert COMMON in tables
+    for task in TASKS:
+        expected(task)
+    assert len(tables) == len(TASKS) + 1, sorted(tables)
+    assert "\n### Not expressible yet\n" in doc_section()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_preset_holds_every_documented_value(task):
+    got = config.flat(config.to_dict(load(task)))
+    wrong = [f"{key}: preset {got.get(key, '<missing>')!r}, docs {value!r}"
+             for key, value in expected(task).items() if key not in got or not same(got[key], value)]
+    assert not wrong, f"{task}: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_key_the_preset_sets_is_documented(task):
+    path = PAPER / f"{task}.toml"
+    set_keys = set(config.flat(tomllib.loads(path.read_text(encoding="utf-8")))) - BOOKKEEPING
+    documented = set(expected(task))
+    assert not set_keys - documented, f"{path.name} sets undocumented keys {sorted(set_keys - documented)}"
+    assert not REQUIRED - documented, f"docs/looped.md lacks {sorted(REQUIRED - documented)} for {task}"
+    assert 'docs/looped.md, "Paper presets and the released code"' in " ".join(
+        line.lstrip("# ") for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#"))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_preset_keeps_the_released_configuration(task):
+    cfg = load(task)
+    depth, heads, end, interval, test_len = RELEASED[task]
+    assert (cfg.model.d_model, cfg.model.n_layer, cfg.model.n_head) == (256, depth, heads)
+    assert (cfg.train.batch_size, cfg.train.lr, cfg.train.steps, cfg.train.ema) == (64, 1e-4, 100_001, 0.0)
+    assert (cfg.task.train_min, cfg.task.train_max) == (1, end - 1)
+    lengths = config.parse_lengths(cfg.eval.lengths)
+    assert test_len in lengths and cfg.task.train_max in lengths
+    assert (cfg.eval.samples, cfg.eval.batch_size) == (6400, 6400)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_curriculum_is_the_released_one_step_by_step(task):
+    """Curriculum: n_points = min(start + step // interval, end) with start = 2, lengths drawn
+    from [1, n_points): the longest is n_points - 1."""
+    cfg = load(task)
+    _, _, end, interval, _ = RELEASED[task]
+    for step in range(0, (end + 2) * interval):
+        released = min(2 + step // interval, end) - 1
+        assert curriculum_max(cfg, step) == released, (task, step)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_learning_rate_is_constant_through_the_curriculum_then_decays_to_zero(task):
+    cfg = load(task)
+    hold = curriculum_end(cfg)
+    assert hold == (cfg.task.train_max - 1) * cfg.train.curriculum_interval
+    assert learning_rate(cfg, 0) == learning_rate(cfg, hold) == 1e-4
+    assert 0 < learning_rate(cfg, hold + 1) < 1e-4
+    assert learning_rate(cfg, cfg.train.steps - 1) < 1e-8
