@@ -18,7 +18,7 @@ from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, MAX_EVAL_SEED, MAX_
                      parse_lengths, read)
 from .errors import ConfigError
 from .methods import METHODS, get_method
-from .positions import SCHEMES
+from .positions import SCHEMES, PositionalScheme
 from .tasks import TASKS, get_task
 from .transforms import TRANSFORMS, base_ids, build_transform, real_columns
 
@@ -184,6 +184,12 @@ def check_ppc(cfg: Config) -> None:
     check(not (scheme.has_bias or scheme.has_content), f"method {cfg.method} decodes with a KV cache, which "
                                                        f"model.position {m.position} cannot use; use nope, learned, "
                                                        "sinusoidal or rope")
+    # the ID head names absolute IDs: a scheme that never adds them to the input (RoPE sees only
+    # differences) cannot tell one random start from another, so its targets become guesses
+    check(name != "random_offset" or scheme.embed is not PositionalScheme.embed,
+          f"method {cfg.method} predicts absolute position IDs, which model.position {m.position} never shows the "
+          f"model, so train.position_transform random_offset makes them unpredictable; use learned or sinusoidal "
+          f"positions, or no transform")
 
 
 def check_sweep(cfg: Config) -> None:

@@ -156,13 +156,21 @@ def test_the_papers_are_listed():
     assert "sparsity: Sparsity and position coupling" in text and "unique_set runs only: ppc, coupled, rope_pose, nope" in text
 
 
-def test_the_sparsity_grid_couples_through_rope_on_cpu_and_a_learned_table_at_paper_scale():
+def test_the_sparsity_grid_couples_through_rope_on_cpu_but_ppc_keeps_a_learned_table():
+    """On CPU, coupled addition reads its IDs through RoPE; PPC, whose ID head names absolute IDs,
+    and the oracle coupling it is measured against keep the learned table at every scale."""
     grid = grids.find("sparsity")
-    for scale, position in (("cpu", "rope"), ("paper", "learned")):
-        jobs = grids.plan(grid, scale, ["addition_mixed"], ["ppc", "coupled", "nope"], 1, Path("unused"), workers=1)
-        sets = {job.arm: dict(s.split("=", 1) for s in job.overrides) for job in jobs}
+
+    def arms(scale, task):
+        jobs = grids.plan(grid, scale, [task], ["ppc", "coupled", "nope"], 1, Path("unused"), workers=1)
+        return {job.arm: dict(s.split("=", 1) for s in job.overrides) for job in jobs}
+
+    assert arms("cpu", "addition")["coupled"]["model.position"] == '"rope"'
+    assert arms("paper", "addition")["coupled"]["model.position"] == '"learned"'
+    for scale in ("cpu", "paper"):
+        sets = arms(scale, "addition_mixed")
         assert sets["ppc"]["method"] == '"ppc"' and sets["coupled"]["task.options.coupled"] == "true"
-        assert sets["ppc"]["model.position"] == sets["coupled"]["model.position"] == f'"{position}"'
+        assert sets["ppc"]["model.position"] == sets["coupled"]["model.position"] == '"learned"'
         assert "task.options.coupled" not in sets["nope"]  # the baselines read no coupled IDs
     k_max = {job.labels["task.options.k_max"] for job in grids.plan(grid, "paper", ["sparse_parity"], ["rope_pose"], 1,
                                                                      Path("unused"), workers=1)}

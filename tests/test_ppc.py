@@ -62,6 +62,7 @@ def test_generated_tokens_take_the_predicted_ids():
     (["task.options.coupled=false"], "does not supply"),
     (["train.position_transform=pose", "train.position_transform_options={target_length=16}"], "random_offset"),
     (["model.position=alibi"], "KV cache"),
+    (["model.position=rope"], "model.position rope never shows the model"),
     (["model.max_positions=12"], "model.max_positions (12)"),
 ])
 def test_what_ppc_needs_of_a_config(overrides, message):
