@@ -239,13 +239,13 @@ def combinations(axes: dict) -> list[dict]:
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
 
 
-def labels_of(grid: Grid, scale: str, task: str, arms: list[str], extra: list[str]) -> dict[tuple, dict]:
-    """{(arm, axis values): labels}: the config keys whose values differ between the runs the
-    report puts in one table: every arm and axis value the grid declares for `task` and for
-    the grid's other tasks of the same registry task (not only those run now, so a run's
-    labels do not depend on which others were asked for), with the --set `extra` that every
-    run gets. An arm not run now that `extra` does not suit (an option of another scheme,
-    say) is left out rather than refused."""
+def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: list[str]) -> dict[tuple, dict]:
+    """{(task, arm, axis values): labels}: the config keys whose values differ between the runs
+    the report puts in one table, those of every grid entry whose preset names the same registry
+    task, over every arm and axis value the grid declares (not only those run now, so a run's
+    labels do not depend on which others were asked for), with the --set `extra` that every run
+    gets. An arm not run now that `extra` does not suit (an option of another scheme, say) is
+    left out rather than refused. Every config is loaded once, whatever the number of tasks."""
     configs = {}
     for entry in grid.resolved(scale)["tasks"]:
         preset = grid.preset(scale, entry)
@@ -254,17 +254,19 @@ def labels_of(grid: Grid, scale: str, task: str, arms: list[str], extra: list[st
                 try:
                     cfg = load(preset, arm_overrides(grid, scale, entry, arm, values) + list(extra))
                 except UserError:
-                    if entry == task and arm in arms:
+                    if entry in tasks and arm in arms:
                         raise
                     continue
                 # an empty options table is no setting: {} and a missing key must not count as a difference
                 configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
-    name = read(grid.preset(scale, task), []).task.name
-    configs = {k: c for k, c in configs.items() if c["task.name"] == name}
-    keys = sorted({k for c in configs.values() for k in c})
-    differ = [k for k in keys if k not in OWN_COLUMNS | RUNTIME_KEYS | set(PER_RUN_KEYS)
-              and len({repr(c.get(k)) for c in configs.values()}) > 1]
-    return {run[1:]: {"arm": run[1], **{k: c.get(k, "") for k in differ}} for run, c in configs.items() if run[0] == task}
+    labels = {}
+    for name in {c["task.name"] for c in configs.values()}:
+        table = {run: c for run, c in configs.items() if c["task.name"] == name}
+        keys = sorted({k for c in table.values() for k in c})
+        differ = [k for k in keys if k not in OWN_COLUMNS | RUNTIME_KEYS | set(PER_RUN_KEYS)
+                  and len({repr(c.get(k)) for c in table.values()}) > 1]
+        labels.update({run: {"arm": run[1], **{k: c.get(k, "") for k in differ}} for run, c in table.items()})
+    return labels
 
 
 def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,
@@ -273,9 +275,9 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
     cores among the workers. Every config is loaded (validated) here, in the parent process."""
     extra = list(extra or [])
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    jobs = []
+    jobs, labels = [], labels_of(grid, scale, tasks, arms, extra)
     for task in tasks:
-        preset, labels = grid.preset(scale, task), labels_of(grid, scale, task, arms, extra)
+        preset = grid.preset(scale, task)
         for arm in (a for a in arms if a in grid.arms_of(scale, task)):
             spec = grid.arm(scale, task, arm)
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
@@ -289,7 +291,7 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
                     jobs.append(Job(task, arm, seed, str(preset),
                                     sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
                                     str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
-                                    labels[(arm, tuple(values.items()))]))
+                                    labels[(task, arm, tuple(values.items()))]))
     return jobs
 
 

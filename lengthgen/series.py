@@ -162,7 +162,7 @@ def chance(baselines: list[float]) -> str:
 def task_view(agg: list[dict], task: str, labels: dict[tuple, str]) -> dict:
     """One task's aggregated rows, indexed the way the report's tables and figures read them."""
     rows = [a for a in agg if a["task"] == task]
-    series = sorted({a["series"] for a in rows}, key=lambda s: (labels[s].split(" ")[0], natural(s)))
+    series = sorted({a["series"] for a in rows}, key=lambda s: (dict(s)["arm"] or dict(s)["method"], natural(s)))
     own = {a["series"]: a["train_max"] for a in rows}  # one per series (aggregate checks it)
     baselines = defaultdict(list)
     for a in rows:
