@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 DEMO   ?= runs/demo
 
-.PHONY: install demo test bench clean
+.PHONY: install corpus demo test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,18 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
-install: $(VENV)/.installed
+# The language-modelling corpus (docs/lm.md): the Python documentation's reStructuredText sources
+# from Debian's python3-doc, tokenized once into the cache. Elsewhere it says what to do and the
+# rest of the install goes on: only `reproduce lm` needs it.
+DOCS := $(wildcard /usr/share/doc/python3.*/html/_sources)
+corpus: $(VENV)/.installed
+	@if [ -z "$(DOCS)" ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-doc >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-doc >/dev/null) \
+		|| echo "note: could not install python3-doc; the language-modelling corpus is missing (docs/lm.md)"; fi
+	-$(BIN)/lengthgen corpus
+
+install: $(VENV)/.installed corpus
 
 # The CPU-scale Parity comparison of the Looped Transformers paper: looped vs ntp, one seed
 # each, trained in parallel, then evaluated and reported. Finished runs are kept, so an

@@ -17,43 +17,69 @@ from .errors import TrainingDiverged, UserError
 def cmd_tasks(args) -> None:
     import torch
 
+    from .tasks.corpus import CorpusError
     from .tasks import TASKS, get_task
 
     for name in TASKS:
         task = get_task(name)
-        batch = task.sample(1, args.length, torch.Generator().manual_seed(args.seed))
+        try:
+            batch = task.sample(1, args.length, torch.Generator().manual_seed(args.seed))
+        except CorpusError as err:  # a language-model task whose corpus is not on this machine
+            print(f"{name:<15} (no example: {err})")
+            continue
         question, answer = task.to_text(batch, 0)
         steps = int(batch.n_steps[0])
         print(f"{name:<15} {question} -> {answer}   (n={args.length}, T(n)={steps}, vocab {task.vocab_size})")
 
 
+def cmd_corpus(args) -> None:
+    from .tasks.corpus import Corpus
+
+    try:
+        corpus = Corpus(args.source, args.path or "", args.tokenizer, args.vocab_size)
+        meta = corpus.meta()  # builds the token files on first use
+    except ValueError as err:  # CorpusError too: says how to get the corpus
+        raise UserError(str(err)) from None
+    print(f"corpus {args.source} ({corpus.folder() if args.source != 'wikitext-103' else args.path or 'hub'}), "
+          f"tokenizer {args.tokenizer}, vocabulary {meta['vocab_size']}: {corpus.tokens_folder()}")
+    for split, info in meta["splits"].items():
+        print(f"  {split:<10} {info['documents']:>7} documents {info['characters']:>12,} characters "
+              f"{info['tokens']:>12,} tokens")
+
+
 def cmd_train(args) -> None:
     from . import presets
+    from .distributed import Ranks
     from .train import train
 
+    main_process = Ranks.from_env().main  # under torchrun, one process speaks for the run
     if args.resume and args.preset is None and args.out is None:
         raise UserError("--resume needs the run folder: lengthgen train --resume --out RUN_DIR")
     if args.resume and args.set:
         raise UserError("--set cannot change a run being resumed; its saved config is used")
     cfg = presets.load(args.preset, args.set)
     folder = Path(args.out) if args.out else Path("runs") / f"{Path(args.preset).stem if args.preset else 'run'}-s{cfg.train.model_seed}"
-    print(f"run folder: {folder}")
+    if main_process:
+        print(f"run folder: {folder}")
     summary = train(cfg, folder, resume=args.resume, force=args.force, progress=not args.no_progress)
-    print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
+    if main_process:
+        print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
 
 
 def cmd_eval(args) -> None:
     from .config import MAX_EVAL_SEED, parse_lengths, parse_override
     from .evaluate import COLUMNS, evaluate_run, format_table, load_run, metric_names
 
-    if args.samples < 1:
+    if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
     if args.seed is not None and not 0 <= args.seed < MAX_EVAL_SEED:
         raise UserError(f"--seed must be in [0, 2**40), as eval.seed, got {args.seed}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.lengths is None:
-        args.lengths = load_run(args.run)[0].eval.lengths
+    if args.lengths is None or args.samples is None:
+        saved = load_run(args.run)[0].eval
+        args.lengths = saved.lengths if args.lengths is None else args.lengths
+        args.samples = saved.samples if args.samples is None else args.samples
     stops = args.stop.split(",") if args.stop else None
     sweep = None
     if args.sweep:
@@ -103,7 +129,8 @@ def cmd_reproduce(args) -> None:
     path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.arms if args.methods is None
                                                                                    else args.methods),
                      Path(args.out) if args.out else None, args.workers, args.samples, progress=not args.no_progress,
-                     extra=args.set, threads=args.threads)
+                     extra=args.set, threads=args.threads, backend=args.backend, address=args.address,
+                     gpus_per_job=args.gpus_per_job)
     print(path.read_text())
     print(f"wrote {path} (with results.csv and figures beside it)")
 
@@ -117,6 +144,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_tasks)
 
+    c = sub.add_parser("corpus", help="tokenize a language-modelling corpus once and print its splits")
+    c.add_argument("--source", default="python-docs", help="python-docs (default), files or wikitext-103")
+    c.add_argument("--path", help="a local copy of the corpus (a folder)")
+    c.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe")
+    c.add_argument("--vocab-size", type=int, default=0, help="BPE vocabulary size")
+    c.set_defaults(func=cmd_corpus)
     tr = sub.add_parser("train", help="train one run")
     tr.add_argument("preset", nargs="?", help="TOML preset, e.g. experiments/core/parity-ntp.toml")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.n_layer=3")
@@ -129,7 +162,8 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="accuracy vs length of a trained run -> RUN/eval.csv")
     e.add_argument("run", help="run folder")
     e.add_argument("--lengths", help="e.g. 1:40, 10:50:10 or 8,16,32 (default: the run's eval.lengths)")
-    e.add_argument("--samples", type=int, default=512, help="test samples per length")
+    e.add_argument("--samples", type=int, default=None,
+                   help="test samples per length (default: the run's eval.samples; test tokens for the text task)")
     e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's eval.seed)")
     e.add_argument("--stop", help="looped methods: oracle (default), fixed:N, confidence[:T_MAX], "
@@ -158,9 +192,16 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--arms", help="comma list (default: the grid's default arms)")
     rp.add_argument("--methods", help="another name for --arms")
     rp.add_argument("--out", help="output folder (default runs/reproduce-<paper>-<scale>)")
-    rp.add_argument("--workers", type=int, default=2, help="runs trained in parallel")
+    rp.add_argument("--workers", type=int, default=2, help="runs trained in parallel (local backend)")
+    rp.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="local: a pool of --workers processes; ray: a Ray task per run (docs/cluster.md)")
+    rp.add_argument("--address", help="--backend ray: the cluster to join, e.g. auto or ray://HEAD:10001 "
+                    "(default: start a local Ray instance)")
+    rp.add_argument("--gpus-per-job", type=float, default=None,
+                    help="--backend ray: GPUs a run on CUDA asks for (default 1; 0.5 puts two runs on a GPU)")
     rp.add_argument("--threads", type=int, default=0,
-                    help="torch threads per run (default: the machine's cores shared among the workers)")
+                    help="torch threads per run, and the CPUs a CPU run asks Ray for "
+                         "(default: the machine's cores shared among the workers)")
     rp.add_argument("--samples", type=int, default=0, help="test samples per length (default: the presets')")
     rp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every run, e.g. train.precision=bf16 (repeatable)")

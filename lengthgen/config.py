@@ -79,6 +79,10 @@ class TrainConfig:
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
     id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
+    # streams the batch is drawn from: 1 = one stream from data_seed; N = N shards of batch_size/N samples, each
+    # seeded by (data_seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
+    data_shards: int = 1
+    log_to: list = field(default_factory=lambda: ["jsonl"])  # metric sinks: jsonl (always written), tensorboard, wandb
 
 
 @dataclass
@@ -102,6 +106,7 @@ class Config:
 SCHEDULES = ("cosine", "curriculum_cosine", "linear", "constant")
 LENGTH_SAMPLING = ("per_sample", "per_batch")
 PRECISIONS = ("fp32", "bf16")
+LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen.trackers)
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows
 NORMS = ("layernorm", "rmsnorm")

@@ -42,6 +42,7 @@ METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged ov
 BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source")  # per run, not what tells series apart
 PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
                     "confidence", "oracle_step", "train_max"]
+POSITION_LOSS = "position_loss.csv"  # in a run folder of a language-model task: window,position,loss
 LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its rows carry (written by reproduce)
 
 
@@ -176,6 +177,27 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
     return results, steps_rows
 
 
+def language_model_at(task: Task, method: Method, model, window: int, tokens: int, batch_tokens: int,
+                      device: torch.device) -> tuple[dict, list[float]]:
+    """({None: metrics}, per-position loss) of a language-model task at one window: perplexity on
+    the first `tokens` test tokens (eval.samples counts tokens for such tasks; lengthgen.lm)."""
+    from .lm import perplexity_at
+
+    values, losses = perplexity_at(task, method, model, window, tokens, batch_tokens, device)
+    return {None: values}, list(losses)
+
+
+def write_position_loss(path: Path, rows: list[dict]) -> None:
+    """RUN/position_loss.csv: window,position,loss; rows of windows not evaluated now are kept."""
+    windows = {r["window"] for r in rows}
+    old = [r for r in read_position_loss(path) if r["window"] not in windows] if path.exists() else []
+    write_csv(path, sorted(old + rows, key=lambda r: (r["window"], r["position"])), ["window", "position", "loss"])
+
+
+def read_position_loss(path: Path) -> list[dict]:
+    return read_table(path, ["window", "position", "loss"], ("window", "position"), ("loss",))
+
+
 def sweep_variants(sweep: dict) -> list[dict]:
     """eval.sweep {option: [values]} -> one {option: value} per combination ([{}] without one)."""
     return [dict(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
@@ -223,23 +245,32 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         precision = "fp32"
     seed = cfg.eval.seed if seed is None else seed
     batch_size = batch_size or cfg.eval.batch_size
-    rows, steps_rows = [], []
+    rows, steps_rows, position_rows = [], [], []
     cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
             with autocast(device, precision):
-                results, curve = rules_at(variant, method, model, length, samples, batch_size, seed, device,
-                                          stops, per_step)
+                if getattr(variant, "language_model", False):  # perplexity on the test split (lengthgen.lm)
+                    results, losses = language_model_at(variant, method, model, length, samples,
+                                                        batch_size * cfg.task.train_max, device)
+                    position_rows += [{"window": length, "position": p, "loss": float(v)}
+                                      for p, v in enumerate(losses)]
+                    curve = []
+                else:
+                    results, curve = rules_at(variant, method, model, length, samples, batch_size, seed, device,
+                                              stops, per_step)
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
         ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
                  "seed": cfg.train.model_seed, "train_max": cfg.task.train_max,
                  **{k: cell(v) for k, v in options.items()}}
         steps_rows += [{**ident, **r} for r in curve]
-        rows += [row(folder, cfg, length, samples, results[stop], variant.random_baseline(length), step, stop, options)
-                 for stop in stops]
+        rows += [row(folder, cfg, length, results[stop].pop("tokens", samples), results[stop],
+                     variant.random_baseline(length), step, stop, options) for stop in stops]
     rows = with_labels(rows, labels)
     write_rows(folder / "eval.csv", rows, with_labels(old, labels), list(sweep))
+    if position_rows:
+        write_position_loss(folder / POSITION_LOSS, position_rows)
     if per_step:
         steps_rows = with_labels(steps_rows, labels)
         write_csv(folder / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))

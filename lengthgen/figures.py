@@ -43,9 +43,10 @@ def split_panels(agg: list[dict], column: str, names: dict) -> tuple[list[dict],
 
 
 def plot(agg: list[dict], path: Path, metric: str = "accuracy", panels: str | None = None,
-         names: dict | None = None) -> None:
+         names: dict | None = None, log: bool = False, xlabel: str = "") -> None:
     """`metric` vs length, one panel per task (and per value of the swept option `panels`,
-    titled by `names`), training range shaded, one legend below."""
+    titled by `names`), training range shaded, one legend below; `log`: both axes logarithmic
+    (perplexity over windows that double), else the y axis spans [0, 1]."""
     plt = _pyplot()
     rank: dict[str, int] = {}
     if panels:
@@ -74,7 +75,14 @@ def plot(agg: list[dict], path: Path, metric: str = "accuracy", panels: str | No
                 at.setdefault(a["length"], []).append(a["baseline"])
             ax.plot(v["lengths"], [max(at[n]) for n in v["lengths"]], "k--", lw=1, label="random guess")
         name = "exact-match accuracy" if metric == "accuracy" else metric
-        ax.set(title=task, xlabel="problem length n", ylabel=name, ylim=(-0.03, 1.03))
+        scale = {"xscale": "log", "yscale": "log"} if log else {"ylim": (-0.03, 1.03)}
+        ax.set(title=task, xlabel=xlabel or "problem length n", ylabel=name, **scale)
+        if log:
+            from matplotlib.ticker import NullFormatter, ScalarFormatter
+            ax.set_xticks(v["lengths"], [str(n) for n in v["lengths"]])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
         handles, names = ax.get_legend_handles_labels()
         legend.update(zip(names, handles))
     for ax in axes.flat[len(tasks):]:

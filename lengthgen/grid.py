@@ -19,7 +19,8 @@
     default = true                       # run when --arms is not given
 
     [axes]                               # axes of every task (a task's own axes add to these)
-    [report]                             # summary = [1.5, 2.0]: columns at these multiples of train max;
+    [report]                             # summary = [1.5, 2.0]: columns at these multiples of train max
+    summary_metric = "accuracy"          # (another metric adds a last/first ratio column);
     figures = ["accuracy_vs_length", "accuracy_vs_iteration", {kind = "heatmap", y = "k"}]
 
     [scales.cpu]                         # a scale; its table changes any of the above at that scale,
@@ -50,9 +51,9 @@ GRID = "grid.toml"
 # key -> (type, what it is); a table of names (tasks, arms, scales) is checked entry by entry
 ARM_KEYS = {"set": dict, "multiply": dict, "stops": list, "per_step": bool, "default": bool, "description": str}
 TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict, "only": list}
-REPORT_KEYS = {"summary": list, "figures": list, "tables": list}
+REPORT_KEYS = {"summary": list, "summary_metric": str, "figures": list, "tables": list}
 TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
-RUNTIME_KEYS = {"train.threads", "train.device"}  # how a run executes, not what it computes
+RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to"}  # how a run executes, not what it computes
 # set per run by the grid itself (--seeds, --threads): a --set of these would be overridden
 PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
 # config keys every eval.csv row names in a column of its own: not repeated as labels

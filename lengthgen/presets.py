@@ -13,9 +13,9 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS,
-                     NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS, Config, _hint, from_data,
-                     parse_lengths, read)
+from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED,
+                     MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS, Config, _hint,
+                     from_data, parse_lengths, read)
 from .errors import ConfigError
 from .methods import METHODS, get_method
 from .positions import SCHEMES, PositionalScheme
@@ -120,6 +120,10 @@ def validate(cfg: Config) -> Config:
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
     check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
     check(0 <= tr.threads <= MAX_THREADS, f"train.threads must be in 0..{MAX_THREADS}, got {tr.threads}")
+    check(1 <= tr.data_shards <= tr.batch_size and tr.batch_size % tr.data_shards == 0,
+          f"train.data_shards ({tr.data_shards}) must be >= 1 and divide train.batch_size ({tr.batch_size})")
+    for sink in tr.log_to:
+        check(sink in LOG_SINKS, f"train.log_to names {sink!r}{_hint(str(sink), LOG_SINKS)}; choose from {', '.join(LOG_SINKS)}")
     for key in ("model_seed", "data_seed"):
         check(0 <= getattr(tr, key) < MAX_SEED, f"train.{key} must be in [0, 2**63), got {getattr(tr, key)}")
     check(0 <= ev.seed < MAX_EVAL_SEED, f"eval.seed must be in [0, 2**40), got {ev.seed}")
@@ -133,6 +137,8 @@ def validate(cfg: Config) -> Config:
     check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
     check_options("task.options", t.options, TASKS[t.name], t.name)
     task = built("task.options", lambda: get_task(t.name, **t.options))
+    if getattr(task, "language_model", False):  # the corpus is there and tokenized before any folder is made
+        built("task.options", task.corpus.ensure)
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
     shortest = min(parse_lengths(ev.lengths))
     check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")

@@ -15,7 +15,9 @@ import math
 from pathlib import Path
 
 from .errors import UserError
+from .tasks import TASKS
 from .evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
+from .curves import plot_position_loss, plot_training
 from .figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from .series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
 
@@ -29,18 +31,25 @@ def _cell(a: dict | None, metric: str = "accuracy") -> str:
     return f"{a[metric]:.3f}{'' if math.isnan(err) else f' ± {err:.3f}'} ({a['seeds']})"
 
 
-def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0)) -> str:
-    """One row per (task, series): accuracy at multiples of the series' own training maximum
-    (the looped paper's headline comparison at 1.5x and 2x), so tasks can be read side by side."""
+def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0), metric: str = "accuracy") -> str:
+    """One row per (task, series): `metric` at multiples of the series' own training maximum
+    (the looped paper's headline comparison at 1.5x and 2x), so tasks can be read side by side.
+    For a metric other than accuracy the last column is the ratio of the last multiple's mean
+    to the first's (perplexity at 32x over perplexity at 1x, say) instead of the random guess."""
     labels = series_labels(agg)
     head = " | ".join(f"{f:g}× train max" for f in factors)
-    lines = [f"| task | series | {head} | random |", "|---|---|" + "---:|" * (len(factors) + 1)]
+    last = "random" if metric == "accuracy" else f"ratio {factors[-1]:g}× / {factors[0]:g}×"
+    lines = [f"| task | series | {head} | {last} |", "|---|---|" + "---:|" * (len(factors) + 1)]
     for task in sorted({a["task"] for a in agg}):
         v = task_view(agg, task, labels)
         for key, label in zip(v["series"], v["labels"]):
             targets = [at_multiple(v["lengths"], v["own_max"][key], f) for f in factors]
-            odds = " / ".join(f"{v['at'][(key, n)]['baseline']:.2g}" for n in targets if n and (key, n) in v["at"])
-            cells = [f"{_cell(v['at'][(key, n)])} @{n}" if n and (key, n) in v["at"] else "–" for n in targets]
+            found = [v["at"][(key, n)] for n in targets if n and (key, n) in v["at"]]
+            if metric == "accuracy":
+                odds = " / ".join(f"{a['baseline']:.2g}" for a in found)
+            else:  # a ratio of means over seeds, not a mean of ratios
+                odds = f"{found[-1][metric] / found[0][metric]:.3f}" if len(found) == len(targets) > 1 else "–"
+            cells = [f"{_cell(v['at'][(key, n)], metric)} @{n}" if n and (key, n) in v["at"] else "–" for n in targets]
             lines.append(f"| {task} | {label} | " + " | ".join(cells) + f" | {odds} |")
     return "\n".join(lines) + "\n"
 
@@ -57,7 +66,8 @@ def markdown(agg: list[dict]) -> str:
         lines = [f"### {task}", ""]
         own = dict.fromkeys(m for a in rows for m in metric_names(task, a["method"])[len(METRICS):])
         for metric in ("accuracy", *own):
-            what = "Exact-match accuracy" if metric == "accuracy" else f"`{metric}`"
+            what = f"`{metric}`" if metric != "accuracy" else "Next-token accuracy" \
+                if getattr(TASKS.get(task), "language_model", False) else "Exact-match accuracy"
             lines += [f"{what}, mean ± standard error over seeds (number of seeds in brackets); "
                       f"trained on lengths ≤ {trained}" + ("; `random` is the chance of a uniform random guess."
                                                           if metric == "accuracy" else "."), "",
@@ -100,8 +110,9 @@ def figure_specs(layout: dict) -> list[dict]:
 
 
 # figure kind -> its settings
-FIGURES = {"accuracy_vs_length": {"panels", "names", "metric"}, "accuracy_vs_iteration": set(), "heatmap": {"y", "metric"},
-           "attention": {"task", "arm", "options", "length"}, "accuracy_vs_option": {"x", "length", "metric"}}
+FIGURES = {"accuracy_vs_length": {"panels", "names", "metric", "log", "xlabel"}, "accuracy_vs_iteration": set(),
+           "heatmap": {"y", "metric"}, "attention": {"task", "arm", "options", "length"},
+           "accuracy_vs_option": {"x", "length", "metric"}, "training_curves": set(), "position_loss": {"windows"}}
 
 
 def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
@@ -151,9 +162,11 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text += [f"{runs} runs, {len(rows)} result rows (results.csv). Every number below is rebuilt from those rows.", ""]
     if failures:
         text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
-    text += ["## Summary", "", f"Exact match at {multiples} the longest training length (the evaluated length "
+    metric = layout.get("summary_metric", "accuracy")
+    what = "Exact match" if metric == "accuracy" else f"`{metric}`"
+    text += ["## Summary", "", f"{what} at {multiples} the longest training length (the evaluated length "
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
-             summary(agg, factors)]
+             summary(agg, factors, metric)]
     for spec in layout.get("tables", []):
         metrics = spec.get("metrics", ["accuracy"])
         text += [f"## {', '.join(metrics)} by {spec['by']}", "", "Mean ± standard error over seeds (number of seeds "
@@ -165,8 +178,20 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
             metric, panels = spec.get("metric", "accuracy"), spec.get("panels")
             name = "accuracy_vs_length.png" if (metric, panels) == ("accuracy", None) else \
                 f"{metric}_vs_length" + (f"_by_{short_name(panels)}" if panels else "") + ".png"
-            plot(agg, out / name, metric, panels, spec.get("names", {}))
+            plot(agg, out / name, metric, panels, spec.get("names", {}), spec.get("log", False), spec.get("xlabel", ""))
             text += [f"![{metric} vs length]({name})", ""]
+        elif kind == "training_curves":
+            plot_training(rows, agg, out / "training_curves.png")
+            text += ["## Training curves", "", "Training loss against step: mean over seeds, the band ± one "
+                     "standard error.", "", "![training curves](training_curves.png)", ""]
+        elif kind == "position_loss":
+            shown = plot_position_loss(rows, agg, out / "position_loss.png", spec.get("windows"))
+            if shown:
+                text += ["## Loss at each position of the window", "",
+                         f"Mean test loss at each position of windows of {', '.join(map(str, shown))} tokens "
+                         "(averaged in log-spaced bins of positions): mean over seeds, the band ± one standard "
+                         "error; the dashed line is the training window.", "",
+                         "![loss at each position](position_loss.png)", ""]
         elif kind == "accuracy_vs_iteration" and steps:
             plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")
             text += ["## Accuracy after every iteration", "",

@@ -5,7 +5,8 @@ tasks with a preset per scale, arms (config overrides + how to evaluate them),
 optional axes, seeds and the report's layout. Each run is trained from its
 task's preset with its arm's and axes' overrides, evaluated at the preset's
 test lengths, and aggregated into DIR/report.md, DIR/results.csv and figures.
-Independent runs go to worker processes. A run that has finished training is
+Independent runs go to worker processes, or with `--backend ray` to Ray tasks on a
+cluster (lengthgen.ray_backend), the same job either way. A run that has finished training is
 not trained again, and its evaluation is kept when eval.done records the same
 evaluation settings and eval.csv is readable; one with a checkpoint resumes, so
 an interrupted reproduction continues where it stopped; a failing run is
@@ -33,6 +34,7 @@ from .errors import UserError
 from .evaluate import LABELS
 from .grid import PER_RUN_KEYS, RUNTIME_KEYS, Job
 from .presets import load
+from .trackers import FOLDERS as TRACKER_FOLDERS
 
 
 def config_difference(folder: Path, cfg) -> str | None:
@@ -99,7 +101,7 @@ def set_aside_if_unreadable(path: Path) -> None:
 
 # What a training killed before its first checkpoint leaves (checkpoint.save writes into
 # hidden .tmp folders): such a folder holds no result and may be started afresh.
-UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", LABELS}
+UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", LABELS, *TRACKER_FOLDERS}
 
 
 def unstarted(folder: Path) -> bool:
@@ -182,10 +184,13 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,
               arms: list[str] | None = None, out: Path | None = None, workers: int = 2,
-              samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0) -> Path:
+              samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0,
+              backend: str = "local", address: str | None = None, gpus_per_job: float | None = None) -> Path:
     """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) at
     `scale` (default: cpu, or the grid's first scale) and write its report. `extra`: KEY=VALUE
-    config overrides applied to every run (after the arm's)."""
+    config overrides applied to every run (after the arm's). `backend`: "local" (a pool of
+    `workers` processes) or "ray" (a task per run on the cluster at `address`, or on a local Ray
+    instance; `gpus_per_job` GPUs each, see lengthgen.ray_backend)."""
     from .report import DEFAULT_LAYOUT, figure_specs, write_report
 
     grid = grids.find(paper)
@@ -198,6 +203,15 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     if samples < 0:
         raise UserError(f"--samples must be >= 1 (or 0 for the presets' own), got {samples}")
+    if backend not in ("local", "ray"):
+        raise UserError(f"unknown --backend {backend!r}; choose from local, ray")
+    if backend != "ray" and (address is not None or gpus_per_job is not None):
+        raise UserError("--address and --gpus-per-job are options of --backend ray")
+    if gpus_per_job is not None and gpus_per_job < 0:
+        raise UserError(f"--gpus-per-job must be >= 0, got {gpus_per_job}")
+    if backend == "ray":
+        from .ray_backend import require
+        require()  # a one-line error naming the extra, before anything is planned or written
     for setting in extra or []:  # flattened, so an inline table (train={threads=1}) is caught too
         for key in flat(parse_override(setting)):
             if key in PER_RUN_KEYS:
@@ -220,15 +234,20 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     jobs = grids.plan(grid, scale, tasks, arms, seeds, out, workers, samples, extra, threads)
     from .train import check_precision, pick_device
     settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
-    for device, precision in settings:  # refuse here once, not in every worker
-        check_precision(pick_device(device), precision)
+    for device, precision in settings if backend == "local" else ():  # refuse here once, not in every worker
+        check_precision(pick_device(device), precision)  # (on a cluster, each run checks the node it lands on)
     out.mkdir(parents=True, exist_ok=True)
     axes = " x axis values" if any(grid.axes(scale, task) for task in tasks) else ""
     pairs = len({(job.task, job.arm) for job in jobs})  # tasks may run only some arms
     shape = f"{len(tasks)} tasks x {len(arms)} arms" if pairs == len(tasks) * len(arms) else f"{pairs} task-arm pairs"
     print(f"{len(jobs)} runs ({shape}{axes} x {seeds} seeds) in {out}/runs, "
-          f"{workers} worker(s)", file=sys.stderr)
-    results = run_all(jobs, workers, progress)
+          + (f"{workers} worker(s)" if backend == "local" else "on Ray"), file=sys.stderr)
+    if backend == "ray":
+        from .ray_backend import run_on_ray
+        results = run_on_ray(run_job, jobs, out, address, progress, gpus_per_job)
+    else:
+        results = run_all(jobs, workers, progress)
+    results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
     failed = [r for r in results if not r["ok"]]
     (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
     write_timing(out / "timing.csv", results)

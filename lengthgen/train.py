@@ -10,6 +10,7 @@ evaluation (the last one lives in the evaluator).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -21,8 +22,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import checkpoint
+from . import checkpoint, trackers
 from .config import Config, to_dict, to_toml
+from .distributed import Ranks, no_sync, shard_seed
 from .presets import from_dict
 from .errors import TrainingDiverged, UserError
 from .methods import get_method
@@ -119,6 +121,40 @@ def sample_batch(task: Task, batch_size: int, low: int, high: int, generator: to
     return task.sample(batch_size, n, generator)
 
 
+def draw_batches(cfg: Config, task: Task, transform, step: int, high: int, data: torch.Generator,
+                 shards: range) -> list[Batch]:
+    """The step's training data: one batch from the run's stream `data` (one data shard), or one
+    batch of batch_size / data_shards samples per shard this process draws, each from a generator
+    seeded by (data_seed, shard, step), so no process needs another's stream (lengthgen.distributed)."""
+    tr, per_sample = cfg.train, cfg.train.length_sampling == "per_sample"
+    if tr.data_shards == 1:
+        batch = sample_batch(task, tr.batch_size, cfg.task.train_min, high, data, per_sample)
+        return [transform(batch, data)]  # position IDs drawn from the data stream too
+    batches = []
+    for shard in shards:
+        stream = torch.Generator().manual_seed(shard_seed("data", tr.data_seed, shard, step))
+        batch = sample_batch(task, tr.batch_size // tr.data_shards, cfg.task.train_min, high, stream, per_sample)
+        batches.append(transform(batch, stream))
+    return batches
+
+
+def backward(loss_of, batches: list[Batch], cfg: Config, step: int, shards: range,
+             device: torch.device) -> torch.Tensor:
+    """Gradients of the mean of the batches' losses (DDP averages them over processes); returns
+    that mean. A shard's dropout is seeded by (model_seed, shard, step): the same masks whichever
+    process draws the shard."""
+    total = torch.zeros((), device=device)
+    for i, (shard, batch) in enumerate(zip(shards, batches)):
+        if cfg.train.data_shards > 1:
+            torch.manual_seed(shard_seed("dropout", cfg.train.model_seed, shard, step))
+        with no_sync(loss_of, last=i == len(batches) - 1):
+            with autocast(device, cfg.train.precision):
+                loss = loss_of(batch.to(device))
+            (loss / len(batches)).backward()
+        total += loss.detach()
+    return total / len(batches)
+
+
 def check_is_folder(folder: Path) -> None:
     """Refuse a run folder path that is a file or lies under one (mkdir and iterdir would crash)."""
     for path in (folder, *folder.parents):  # the nearest part that exists must be a folder
@@ -155,15 +191,20 @@ def decay_params(model: torch.nn.Module) -> list[dict]:
 
 
 def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, progress: bool = True) -> dict:
-    """Train the run in `folder`; returns a summary dict. Resumes from the latest checkpoint."""
+    """Train the run in `folder`; returns a summary dict. Resumes from the latest checkpoint.
+    Under torchrun, one of the processes of a data-parallel run (lengthgen.distributed)."""
     folder = Path(folder)
+    ranks = Ranks.from_env()
     if resume:  # the run's own config wins: the data stream and schedule depend on it
         prepare_run_dir(folder, resume, force)  # only checks that there is a checkpoint
         cfg = from_dict(checkpoint.read_state(checkpoint.latest(folder))["config"])
-    device = pick_device(cfg.train.device)
+    device = ranks.device(pick_device(cfg.train.device))
     check_precision(device, cfg.train.precision)
-    if not resume:  # made only once the device can serve the config
-        prepare_run_dir(folder, resume, force)
+    ranks.join(device)
+    cfg = ranks.sharded(cfg, resume)
+    trackers.check_installed(cfg.train.log_to)
+    if not resume:  # made only once the device can serve the config, by one process
+        ranks.first(lambda: prepare_run_dir(folder, resume, force))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
@@ -186,9 +227,12 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         checkpoint.load_optimizer(optimizer, path / "optimizer.pt", digests)
         checkpoint.restore_rng(path, state, data)
         step = state["step"]
-        trained_seconds = _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
-    else:
+        if ranks.main:
+            trained_seconds = _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
+    elif ranks.main:  # one process writes the run folder
         (folder / "config.toml").write_text(to_toml(cfg))
+        if hasattr(task, "save"):  # what the run read beyond its config (a trained tokenizer)
+            task.save(folder)
 
     def save() -> None:
         state = {"config": to_dict(cfg), "data_rng": checkpoint.encode_state(data.get_state()),
@@ -196,25 +240,24 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         checkpoint.save(folder, step, model, optimizer, ema, state)
 
     model.train()
-    bar = tqdm(total=tr.steps, initial=step, disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    loss_of, shards = ranks.wrap(method, model), ranks.shards(tr.data_shards)
+    sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), step)
+    bar = tqdm(total=tr.steps, initial=step, disable=not progress or not ranks.main, dynamic_ncols=True,
+               mininterval=1.0)
     loss_sum = torch.zeros((), device=device)
     finite = torch.ones((), dtype=torch.bool, device=device)
     # "time" in metrics.jsonl counts training seconds across resumes, not the time the run was stopped
     window_start, window_steps, window_samples = time.perf_counter(), 0, 0
     start_time = window_start - trained_seconds
-    with metrics_path.open("a") as log:
+    with (metrics_path.open("a") if ranks.main else contextlib.nullcontext()) as log, contextlib.closing(sinks):
         while step < tr.steps:
             high = curriculum_max(cfg, step)
-            batch = sample_batch(task, tr.batch_size, cfg.task.train_min, high, data,
-                                 tr.length_sampling == "per_sample")
-            batch = transform(batch, data).to(device)  # position IDs drawn from the data stream too
+            batches = draw_batches(cfg, task, transform, step, high, data, shards)
             lr = learning_rate(cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            with autocast(device, tr.precision):
-                loss = method.loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = backward(loss_of, batches, cfg, step, shards, device)
             if tr.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             optimizer.step()
@@ -223,29 +266,35 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
                     torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
             step += 1
             # accumulate on the device: no host sync per step on GPUs
-            loss_sum += loss.detach()
-            finite &= torch.isfinite(loss.detach())
+            loss_sum += loss
+            finite &= torch.isfinite(loss)
             window_steps += 1
-            window_samples += len(batch)
+            window_samples += sum(map(len, batches))
             last = step == tr.steps
             if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last:
-                if not bool(finite):
+                # every process's losses and samples (the same tensors in a single process)
+                losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(
+                    float(window_samples), device=device))
+                if int(finite_count) < ranks.world:
                     bar.close()
                     good = checkpoint.latest(folder)
                     kept = f"the last good checkpoint {good} is kept" if good else "no checkpoint had been written"
                     raise TrainingDiverged(f"loss became NaN or inf at or before step {step}; training stopped, {kept}")
                 elapsed = time.perf_counter() - window_start
-                row = {"step": step, "loss": float(loss_sum) / window_steps, "lr": lr, "max_length": high,
-                       "samples_per_s": window_samples / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
-                log.write(json.dumps(row) + "\n")
-                log.flush()
+                row = {"step": step, "loss": float(losses) / (window_steps * ranks.world), "lr": lr, "max_length": high,
+                       "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
+                if ranks.main:
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                    sinks.log(row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}")
                 loss_sum.zero_()
                 window_start, window_steps, window_samples = time.perf_counter(), 0, 0
-                if step % tr.checkpoint_interval == 0 or last:
+                if ranks.main and (step % tr.checkpoint_interval == 0 or last):
                     save()
             bar.update(1)
     bar.close()
+    ranks.barrier()  # every process returns once the last checkpoint is written
     return {"step": step, "folder": str(folder), "device": str(device)}
 
 

@@ -26,7 +26,7 @@ def test_tasks_lists_every_task(capsys):
     out = capsys.readouterr().out
     for name in TASKS:
         assert name in out
-    assert len(TASKS) == 12
+    assert len(TASKS) == 13
 
 
 def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):

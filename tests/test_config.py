@@ -71,6 +71,8 @@ def test_overrides_are_typed_and_win():
     ("model.bias=1", ["model.bias", "bool"]),
     ("train.position_transform=pose2", ["train.position_transform", "did you mean pose"]),
     ("eval.sweep={bogus=[1]}", ["eval.sweep.bogus"]),
+    ('train.log_to=["jsonl", "tensorbord"]', ["train.log_to", "did you mean tensorboard"]),
+    ("train.data_shards=3", ["train.data_shards", "divide train.batch_size"]),
 ])
 def test_bad_values_name_the_key(override, names):
     with pytest.raises(ConfigError) as err:

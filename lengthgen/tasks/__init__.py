@@ -15,11 +15,12 @@ from .induct import Induct
 from .multiplication import Multiplication
 from .parity import Parity
 from .sparse_parity import SparseParity
+from .text import Text
 from .unique_set import UniqueSet
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
-                              FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication)
+                              FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication, Text)
 }
 
 
@@ -35,4 +36,4 @@ def get_task(name: str, **options) -> Task:
 __all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
            "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition",
-           "DecimalMultiplication"]
+           "DecimalMultiplication", "Text"]

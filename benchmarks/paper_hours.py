@@ -1,0 +1,145 @@
+"""Expected compute of a reproduction: what `lengthgen reproduce PAPER --scale SCALE` costs, from
+one measured training step of each of its runs.
+
+For every distinct run of the grid's default tasks and arms (task x arm x axis values; its
+seeds share the config and the cost), the run's model is built from its config and one
+training step (sample, forward, backward, AdamW: lengthgen.train's own draw_batches and
+backward) is taken at the end of the curriculum, the longest training lengths, so a run with
+a curriculum is counted at its slowest step throughout (an upper bound; the looped presets
+spend under a third of their steps before the curriculum ends). That step is measured three
+ways:
+- FLOPs, counted by torch's FlopCounterMode (matmuls and attention: the work the model needs);
+- operators dispatched (aten calls, forward + backward + optimizer): on a GPU each is at least
+  one kernel launch, so a step of small tensors costs at least ops x the per-launch overhead
+  whatever the GPU's speed;
+- seconds on this machine's device: the median of --steps more steps (skip with --steps 0).
+
+Hours on this device = seconds per step x steps x seeds. Estimated GPU hours = the larger of
+FLOPs / --tflops (sustained throughput) and ops x --launch-us, x steps x seeds: a roofline of
+compute against eager-mode launch overhead. Both are assumptions, stated in the output; on a
+GPU, run this with --device cuda and read the measured column instead.
+--batch-fraction F measures a batch F times smaller and scales FLOPs and seconds by F (for
+paper-scale batches that do not fit this machine's memory; operators do not depend on it).
+
+    python benchmarks/paper_hours.py looped [--scale paper] [--steps 2] [--device cpu] \
+        [--batch-fraction 1] [--tflops 100] [--launch-us 10] [--tasks parity,copy] [--arms looped]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from lengthgen import grid as grids
+from lengthgen.distributed import MethodLoss
+from lengthgen.methods import get_method
+from lengthgen.presets import load
+from lengthgen.tasks import get_task
+from lengthgen.train import backward, decay_params, draw_batches
+from lengthgen.transforms import build_transform
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_cost(cfg, device: torch.device, fraction: int, steps: int) -> tuple[float, int, float | None]:
+    """(FLOPs, operators, seconds) of one training step of `cfg` at its longest training lengths."""
+    cfg.train.batch_size //= fraction
+    cfg.train.data_shards = 1
+    task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
+    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
+    torch.manual_seed(0)
+    model = method.build_model(cfg, task).to(device)
+    tr = cfg.train
+    optimizer = torch.optim.AdamW(decay_params(model), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
+    loss_of, data = MethodLoss(method, model), torch.Generator().manual_seed(0)
+
+    def one_step(step: int) -> None:
+        batches = draw_batches(cfg, task, transform, step, cfg.task.train_max, data, range(1))
+        optimizer.zero_grad(set_to_none=True)
+        backward(loss_of, batches, cfg, step, range(1), device)
+        if tr.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+        optimizer.step()
+
+    flops, ops = FlopCounterMode(display=False), OpCounter()
+    with flops, ops:  # also the warm-up of the timed steps
+        one_step(0)
+    times = []
+    for step in range(1, steps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        one_step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times) * fraction if times else None
+    return flops.get_total_flops() * fraction, ops.ops, seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("paper")
+    p.add_argument("--scale", default="paper")
+    p.add_argument("--tasks", help="comma list (default: the grid's default tasks)")
+    p.add_argument("--arms", help="comma list (default: the grid's default arms)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per run (0: count only)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--batch-fraction", type=int, default=1)
+    p.add_argument("--tflops", type=float, default=100.0,
+                   help="assumed sustained GPU TFLOP/s (100: an A100's bf16 peak of 312 at about a third)")
+    p.add_argument("--launch-us", type=float, default=10.0, help="assumed GPU microseconds per operator (eager mode)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    grid = grids.find(args.paper)
+    spec = grid.resolved(args.scale)
+    tasks = args.tasks.split(",") if args.tasks else grid.defaults(args.scale, "tasks")
+    arms = args.arms.split(",") if args.arms else grid.defaults(args.scale, "arms")
+    seeds = spec.get("seeds", 3)
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as out:
+        jobs = grids.plan(grid, args.scale, tasks, arms, 1, Path(out), 1, threads=args.threads or 1)
+    print(f"{grid.name} at scale {args.scale}: {len(jobs)} runs x {seeds} seeds; device {device}, "
+          f"{torch.get_num_threads()} threads; GPU model: max(FLOPs / {args.tflops:g} TFLOP/s, "
+          f"ops x {args.launch_us:g} us)")
+    print("| run | steps | batch | GFLOP/step | ops/step | s/step here | hours here | GPU h compute | GPU h launches "
+          "| est. GPU hours |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    totals = [0.0] * 4  # hours here, compute, launches, estimate
+    for job in jobs:
+        cfg = load(job.preset, job.overrides)
+        steps, batch = cfg.train.steps, cfg.train.batch_size
+        flops, ops, seconds = step_cost(cfg, device, args.batch_fraction, args.steps)
+        runs = steps * seeds / 3600
+        hours = [seconds * runs if seconds is not None else 0.0, flops / (args.tflops * 1e12) * runs,
+                 ops * args.launch_us * 1e-6 * runs]
+        hours.append(max(hours[1], hours[2]))
+        totals = [t + h for t, h in zip(totals, hours)]
+        name = Path(job.folder).name.rsplit("-s", 1)[0]
+        measured = f"{seconds:.2f} | {hours[0]:,.0f}" if seconds is not None else " | "
+        print(f"| {name} | {steps} | {batch} | {flops / 1e9:.1f} | {ops} | {measured} | {hours[1]:,.2f} | "
+              f"{hours[2]:,.1f} | {hours[3]:,.1f} |", flush=True)
+    print(f"| **total** ({seeds} seeds) | | | | | | {totals[0]:,.0f} | {totals[1]:,.1f} | {totals[2]:,.0f} "
+          f"| {totals[3]:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

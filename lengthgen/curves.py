@@ -1,0 +1,128 @@
+"""Figures drawn from files beside eval.csv in each run folder: training curves
+(metrics.jsonl) and the loss at each position of the evaluation window
+(position_loss.csv, language-model tasks). Runs are grouped into the report's
+series (lengthgen.series) and averaged over seeds; the shaded band is ± one
+standard error over seeds.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .evaluate import POSITION_LOSS, read_position_loss
+from .figures import _pyplot
+from .series import key_columns, series_colors, series_labels
+
+
+def runs_by_series(rows: list[dict], agg: list[dict]) -> dict[tuple, dict]:
+    """{(task, series key): {"label", "color", "runs": [run folder, ...]}} in the report's label order."""
+    keys = key_columns(rows)
+    labels, colors = series_labels(agg), series_colors(agg)
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        series = tuple((k, r[k]) for k in keys if k != "task")
+        entry = out.setdefault((r["task"], series), {"label": labels[series], "color": colors[series], "runs": []})
+        if r["source"] not in entry["runs"]:
+            entry["runs"].append(r["source"])
+    return dict(sorted(out.items(), key=lambda item: (item[0][0], item[1]["label"])))
+
+
+def band(ax, x, curves: list[np.ndarray], color, label: str) -> None:
+    """Mean over seeds with a ± standard-error band (no band for one seed)."""
+    stack = np.vstack(curves)
+    mean = np.nanmean(stack, 0)
+    ax.plot(x, mean, color=color, lw=1.3, label=f"{label} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+    if len(curves) > 1:
+        err = np.nanstd(stack, 0, ddof=1) / math.sqrt(len(curves))
+        ax.fill_between(x, mean - err, mean + err, color=color, alpha=0.2, lw=0)
+
+
+def read_losses(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    steps, losses = [], []
+    path = Path(folder) / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # an unfinished last line of a killed run
+            continue
+        steps.append(row["step"])
+        losses.append(row["loss"])
+    return np.array(steps), np.array(losses, dtype=float)
+
+
+def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
+    """Training loss against step, a panel per task, a line per series; returns the panels drawn."""
+    groups = runs_by_series(rows, agg)
+    tasks = sorted({task for task, _ in groups})
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    drawn = 0
+    for ax, task in zip(axes.flat, tasks):
+        for (t, _), entry in groups.items():
+            runs = [read_losses(folder) for folder in entry["runs"] if t == task]
+            runs = [r for r in runs if len(r[0])]
+            if not runs:
+                continue
+            width = min(len(steps) for steps, _ in runs)  # seeds log the same steps; a shorter one is cut
+            band(ax, runs[0][0][:width], [losses[:width] for _, losses in runs], entry["color"], entry["label"])
+            drawn += 1
+        ax.set(title=task, xlabel="training step", ylabel="training loss (nats per scored token)", yscale="log")
+        ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
+
+
+def smooth(values: np.ndarray, bins: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Mean loss over log-spaced position bins: (bin centre position, mean loss)."""
+    edges = np.unique(np.geomspace(1, len(values), bins + 1).astype(int))
+    edges = np.concatenate([[0], edges])
+    centres = np.array([(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:])])
+    means = np.array([np.nanmean(values[a:b]) for a, b in zip(edges[:-1], edges[1:])])
+    return centres, means
+
+
+def plot_position_loss(rows: list[dict], agg: list[dict], path: Path, windows: list[int] | None = None) -> list[int]:
+    """Mean loss at each position of the window (log-binned), a panel per window, a line per
+    series; the dashed line marks the training window. Returns the windows drawn."""
+    groups = runs_by_series(rows, agg)
+    found: dict[tuple, dict[int, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
+    train_max = {r["task"]: r["train_max"] for r in rows}
+    for key, entry in groups.items():
+        for folder in entry["runs"]:
+            file = Path(folder) / POSITION_LOSS
+            if not file.exists():
+                continue
+            per_window: dict[int, list[tuple[int, float]]] = defaultdict(list)
+            for r in read_position_loss(file):
+                per_window[r["window"]].append((r["position"], r["loss"]))
+            for window, values in per_window.items():
+                found[key][window].append(np.array([v for _, v in sorted(values)]))
+    available = sorted({w for per in found.values() for w in per})
+    windows = [w for w in (windows or available[-1:]) if w in available]
+    if not windows:
+        return []
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(windows), figsize=(5 * len(windows), 3.6), squeeze=False)
+    for ax, window in zip(axes.flat, windows):
+        for key, entry in groups.items():
+            curves = [c for c in found[key].get(window, []) if len(c) == window]
+            if curves:
+                x, _ = smooth(curves[0])
+                band(ax, x + 1, [smooth(c)[1] for c in curves], entry["color"], entry["label"])
+        for task, limit in train_max.items():
+            if limit < window:
+                ax.axvline(limit, color="k", ls="--", lw=1, label=f"training window ({limit})")
+        ax.set(title=f"window {window}", xlabel="position in the window (tokens of context + 1)",
+               ylabel="mean loss (nats per token)", xscale="log")
+        handles, names = ax.get_legend_handles_labels()
+        ax.legend(dict(zip(names, handles)).values(), dict(zip(names, handles)).keys(), fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return windows
