@@ -30,6 +30,7 @@ class TaskConfig:
     train_min: int = 1  # shortest problem length trained on
     train_max: int = 12  # longest problem length trained on (the real maximum)
     options: dict = field(default_factory=dict)  # task-specific options, e.g. {symbols = 50}
+    trailing_pad: int = 0  # scored PAD targets after each answer (the released looped code's fixed-width rows)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from .config import Config
 from .presets import from_dict
 from .errors import UserError
 from .methods import METHODS, Method, get_method
-from .tasks import TASKS, Batch, Task, get_task, measure
+from .tasks import TASKS, Batch, Task, measure, task_of
 from .train import autocast, native_bf16, pick_device
 
 COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
@@ -90,7 +90,7 @@ def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = T
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
     state = checkpoint.read_state(path)
     cfg = from_dict(state["config"])
-    task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
+    task, method = task_of(cfg.task), get_method(cfg.method)
     device = device or pick_device(cfg.train.device)
     model = method.build_model(cfg, task)
     weights = path / "ema.safetensors"
@@ -236,7 +236,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     if clash:
         raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
     variants = sweep_variants(sweep)
-    tasks = [get_task(cfg.task.name, **{**cfg.task.options, **options}) if options else task for options in variants]
+    tasks = [task_of(cfg.task, **options) if options else task for options in variants]
     device = next(model.parameters()).device
     precision = cfg.train.precision
     if precision == "bf16" and not native_bf16(device):  # the weights are fp32: evaluate them as they are

@@ -78,9 +78,10 @@ def plot(agg: list[dict], path: Path, metric: str = "accuracy", panels: str | No
         scale = {"xscale": "log", "yscale": "log"} if log else {"ylim": (-0.03, 1.03)}
         ax.set(title=task, xlabel=xlabel or "problem length n", ylabel=name, **scale)
         if log:
-            from matplotlib.ticker import NullFormatter, ScalarFormatter
+            from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
             ax.set_xticks(v["lengths"], [str(n) for n in v["lengths"]])
             ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 2, 5, 10, 20, ...: labels on a short span
             ax.yaxis.set_major_formatter(ScalarFormatter())
             ax.yaxis.set_minor_formatter(NullFormatter())
         handles, names = ax.get_legend_handles_labels()
@@ -235,12 +236,12 @@ def plot_attention(folder: Path, path: Path, options: dict | None = None, length
     import torch
 
     from .evaluate import eval_generator, load_run
-    from .tasks import get_task
+    from .tasks import task_of
 
     cfg, task, _, model, _ = load_run(folder, torch.device("cpu"))
     if not hasattr(model.scheme, "keep"):
         raise UserError(f"{folder}: scheme {cfg.model.position} does not record attention weights (tra does)")
-    task = get_task(cfg.task.name, **{**cfg.task.options, **(options or {})})
+    task = task_of(cfg.task, **(options or {}))
     n = length or cfg.task.train_max
     batch = task.sample(1, n, eval_generator(cfg.eval.seed, n))
     width = int(batch.widths[0])

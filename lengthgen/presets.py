@@ -19,7 +19,7 @@ from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL
 from .errors import ConfigError
 from .methods import METHODS, get_method
 from .positions import SCHEMES, PositionalScheme
-from .tasks import TASKS, get_task
+from .tasks import TASKS, get_task, task_of
 from .transforms import TRANSFORMS, base_ids, build_transform, real_columns
 
 
@@ -54,7 +54,7 @@ def training_positions(cfg: Config) -> tuple[int, int]:
     import torch
 
     samples = max(1, min(256, 1_000_000 // cfg.task.train_max))  # bounded memory at huge lengths
-    batch = get_task(cfg.task.name, **cfg.task.options).sample(
+    batch = task_of(cfg.task).sample(
         samples, cfg.task.train_max, torch.Generator().manual_seed(0))
     batch = built(f"method {cfg.method}", lambda: get_method(cfg.method).model_batch(batch))
     largest = int(base_ids(batch).masked_fill(~real_columns(batch), 0).max())
@@ -137,6 +137,9 @@ def validate(cfg: Config) -> Config:
     check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
     check_options("task.options", t.options, TASKS[t.name], t.name)
     task = built("task.options", lambda: get_task(t.name, **t.options))
+    check(0 <= t.trailing_pad <= MAX_LENGTH, f"task.trailing_pad must be in 0..{MAX_LENGTH}, got {t.trailing_pad}")
+    if t.trailing_pad:  # refused for tasks scored inside the sequence and for coupled position IDs
+        built("task.trailing_pad", lambda: task_of(t).sample(2, t.train_min, __import__("torch").Generator()))
     if getattr(task, "language_model", False):  # the corpus is there and tokenized before any folder is made
         built("task.options", task.corpus.ensure)
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")

@@ -193,7 +193,9 @@ def default_t_max(batch: Batch) -> int:
 
 
 class StopRule:
-    """A stop rule with its integer arguments, written `name[:arg[:arg]]`.
+    """A stop rule with its integer arguments, written `name[:arg[:arg]]`. A confidence rule's
+    T_MAX may be written `+N`: the batch's largest T(n) plus N, the released code's search window
+    (1 ... T(n) + 20; + 30 for Multiplication and Unique Set), which grows with the length.
 
     run(model, batch)         -> (pred (B, L), read-out step (B,)), its own pass
     steps_needed(batch)       -> iterations a trace must run to apply the rule
@@ -206,11 +208,14 @@ class StopRule:
     arity = (0, 0)  # fewest and most arguments
     marker, label = "o", ""  # how the per-step figure marks the step it picks
 
-    def __init__(self, *args: int):
-        self.args = list(args)
+    relative_ok = False  # whether the first argument may be `+N` (relative to T(n))
+
+    def __init__(self, *args: int, relative: bool = False):
+        self.args, self.relative = list(args), relative
 
     def __str__(self) -> str:
-        return ":".join([self.name, *map(str, self.args)])
+        first = [f"+{self.args[0]}"] if self.relative else []
+        return ":".join([self.name, *first, *map(str, self.args[len(first):])])
 
     def run(self, model, batch: Batch) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -222,6 +227,8 @@ class StopRule:
         raise NotImplementedError
 
     def _t_max(self, batch: Batch) -> int:
+        if self.relative:
+            return int(per_sample_steps(batch).max()) + self.args[0]
         return self.args[0] if self.args else default_t_max(batch)
 
 
@@ -256,7 +263,8 @@ class Fixed(StopRule):
 
 
 class Confidence(StopRule):
-    name, usage, arity, marker, label = "confidence", "confidence[:T_MAX]", (0, 1), "x", "confidence (per batch)"
+    name, usage, arity, marker, label = "confidence", "confidence[:T_MAX|:+N]", (0, 1), "x", "confidence (per batch)"
+    relative_ok = True
 
     def run(self, model, batch):
         return confidence(model, batch, self._t_max(batch))
@@ -271,7 +279,8 @@ class Confidence(StopRule):
 
 
 class ConfidencePerSample(StopRule):
-    name, usage, arity = "confidence-per-sample", "confidence-per-sample[:T_MAX[:PATIENCE]]", (0, 2)
+    name, usage, arity = "confidence-per-sample", "confidence-per-sample[:T_MAX|:+N[:PATIENCE]]", (0, 2)
+    relative_ok = True
     marker, label = "^", "confidence (per sample, mean)"
 
     def run(self, model, batch):
@@ -295,15 +304,17 @@ def parse_rule(text: str | StopRule) -> StopRule:
     if isinstance(text, StopRule):
         return text
     name, *args = str(text).split(":")
-    try:
-        numbers = [int(a) for a in args]
+    cls = RULES.get(name)
+    relative = bool(args) and args[0].startswith("+") and cls is not None and cls.relative_ok
+    try:  # digits only: int() would also take "+4", " 4" or "4_0"
+        numbers = [int(a) for a in [args[0][1:], *args[1:]]] if relative else [int(a) for a in args]
+        numbers = numbers if all(a[relative * (i == 0):].isdigit() for i, a in enumerate(args)) else None
     except ValueError:
         numbers = None
-    cls = RULES.get(name)
     if cls is None or numbers is None or not cls.arity[0] <= len(numbers) <= cls.arity[1] or any(n < 1 for n in numbers):
         forms = ", ".join(rule.usage for rule in RULES.values())
         raise ValueError(f"stop rule {text!r} is not one of: {forms} (positive integers)")
-    return cls(*numbers)
+    return cls(*numbers, relative=relative)
 
 
 def steps_needed(batch: Batch, rule: str | StopRule) -> int:

@@ -28,7 +28,7 @@ from .distributed import Ranks, no_sync, shard_seed
 from .presets import from_dict
 from .errors import TrainingDiverged, UserError
 from .methods import get_method
-from .tasks import Batch, Task, get_task
+from .tasks import Batch, Task, task_of
 from .tasks.base import sample_mixed
 from .transforms import build_transform
 
@@ -207,7 +207,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         ranks.first(lambda: prepare_run_dir(folder, resume, force))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
+    task, method = task_of(cfg.task), get_method(cfg.method)
     transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     torch.manual_seed(cfg.train.model_seed)
     model = method.build_model(cfg, task).to(device)

@@ -264,7 +264,14 @@ def test_trace_record_and_rule_parsing():
     assert isinstance(rule, stopping.ConfidencePerSample) and rule.args == [40, 3]
     assert stopping.parse_rule(rule) is rule and set(stopping.RULES) == {
         "oracle", "fixed", "confidence", "confidence-per-sample"}
-    for bad in ("fixed", "fixed:x", "confidence:0", "oracle:3", "best"):
+    rule = stopping.parse_rule("confidence:+20")  # the released window: T(n) + 20, per batch
+    assert rule.relative and rule.args == [20] and str(rule) == "confidence:+20"
+    assert rule.steps_needed(batch) == int(batch.n_steps.max()) + 20
+    rule = stopping.parse_rule("confidence-per-sample:+2:3")
+    assert rule.relative and rule.args == [2, 3] and str(rule) == "confidence-per-sample:+2:3"
+    assert not stopping.parse_rule("confidence:20").relative
+    for bad in ("fixed", "fixed:x", "confidence:0", "oracle:3", "best", "fixed:+3", "confidence:+0",
+                "confidence:+x", "confidence:-3", "confidence: 4", "confidence-per-sample:4:+1"):
         with pytest.raises(ValueError, match="oracle, fixed:N, confidence"):
             stopping.parse_rule(bad)
 
@@ -352,7 +359,8 @@ def test_rules_read_from_one_trace_match_their_own_passes():
     assert stopping.readout(tr, batch, "confidence-per-sample:4:1") is None  # patience needs its own pass
     model, batch = tiny().eval(), mixed_batch()  # a real model, samples of several lengths
     tr = stopping.trace(model, batch, 16)  # 2 T(n) of the longest
-    for rule in ("oracle", "fixed:5", "confidence", "confidence:6", "confidence-per-sample", "confidence-per-sample:9"):
+    for rule in ("oracle", "fixed:5", "confidence", "confidence:6", "confidence-per-sample", "confidence-per-sample:9",
+                 "confidence:+3", "confidence-per-sample:+8"):
         values, steps = stopping.readout(tr, batch, rule)
         pred, want = stopping.predict_stop(model, batch, rule)
         right = (pred == batch.targets) & batch.scored

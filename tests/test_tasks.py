@@ -61,6 +61,29 @@ def test_multiplication_other_a_widths(max_a_bits):
     assert set(widths) == set(range(1, max_a_bits + 1))
 
 
+@pytest.mark.parametrize("min_a_bits, max_a_bits", [(2, 2), (2, 3), (3, 3)])
+def test_multiplication_with_a_short_factor_of_at_least_min_a_bits(min_a_bits, max_a_bits):
+    """The released test: the short factor always has 2 bits (min_a_bits = max_a_bits = 2)."""
+    task = get_task("multiplication", max_a_bits=max_a_bits, min_a_bits=min_a_bits)
+    g = torch.Generator().manual_seed(11)
+    widths = Counter()
+    for n in (1, 4, 33):
+        batch = task.sample(200, n, g)
+        check_layout(task, batch, n)
+        check_answers(task, batch, n, lambda q, n: solve_multiplication(q, n, max_a_bits=max_a_bits))
+        widths.update((batch.question_len - n - 2).tolist())
+        assert batch.n_steps.tolist() == ((batch.question_len - n - 2) * n).tolist()  # T(n) = len(a) * n
+    assert set(widths) == set(range(min_a_bits, max_a_bits + 1))
+    mixed = task.sample(64, torch.randint(1, 9, (64,), generator=g), g)
+    assert int((mixed.question_len - mixed.lengths - 2).min()) >= min_a_bits
+
+
+@pytest.mark.parametrize("min_a_bits", [0, 3, True, 1.5])
+def test_multiplication_refuses_a_min_a_bits_outside_1_to_max(min_a_bits):
+    with pytest.raises(ValueError, match="min_a_bits"):
+        get_task("multiplication", min_a_bits=min_a_bits)
+
+
 def test_unique_set_few_symbols():
     task = get_task("unique_set", symbols=3)
     assert task.tokens == ("0", "1", "2", "=") and task.answer_symbols == 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 
 from .addition import Addition
-from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, measure, score
+from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, TrailingPad, measure, score
 from .binary_sum import BinarySum
 from .copy import Copy
 from .copy_symbols import CopySymbols
@@ -24,6 +24,13 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
+def task_of(cfg, **options) -> Task:
+    """The task of a config's [task] table (a TaskConfig), `options` replacing some of its options,
+    with `trailing_pad` scored PADs after each answer when it asks for them."""
+    task = get_task(cfg.name, **{**cfg.options, **options})
+    return TrailingPad(task, cfg.trailing_pad) if cfg.trailing_pad else task
+
+
 def get_task(name: str, **options) -> Task:
     """An instance of the task `name`; unknown options raise TypeError."""
     if name not in TASKS:
@@ -33,7 +40,7 @@ def get_task(name: str, **options) -> Task:
     return TASKS[name](**options)
 
 
-__all__ = ["TASKS", "get_task", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
+__all__ = ["TASKS", "get_task", "task_of", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
            "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition",
            "DecimalMultiplication", "Text"]

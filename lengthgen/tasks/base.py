@@ -280,3 +280,41 @@ def sample_mixed(task: Task, batch_size: int, low: int, high: int, generator: to
         raise ValueError(f"sample_mixed: need 1 <= low <= high, got low={low}, high={high}")
     lengths = torch.randint(low, high + 1, (batch_size,), generator=generator)
     return task.sample(batch_size, lengths, generator)
+
+
+def pad_answers(batch: Batch, k: int) -> Batch:
+    """`batch` with k PAD targets scored after each answer (the released looped code's rows,
+    padded to a fixed width with every slot after the answer a target): the loss, exact match
+    and the confidence stop rule then read them too. Whole-answer methods blank those inputs
+    like the answer's; next-token prediction reads the last answer token, then PADs."""
+    if batch.position_ids is not None or batch.target_ids is not None:
+        raise ValueError("trailing_pad cannot extend a task's own position IDs (coupled tasks)")
+    rows = torch.arange(len(batch))
+    end = batch.widths - 1  # each row's last scored column
+    width = batch.inputs.shape[1] + k + 1
+    inputs = torch.nn.functional.pad(batch.inputs, (0, k + 1), value=PAD)
+    targets = torch.nn.functional.pad(batch.targets, (0, k + 1), value=IGNORE)
+    inputs[rows, end + 1] = batch.targets[rows, end]  # the last answer token becomes an input
+    column = torch.arange(width)[None, :]
+    after = (column > end[:, None]) & (column <= (end + k)[:, None])
+    targets = targets.masked_fill(after, PAD)
+    keep = int((end + k).max()) + 1
+    return Batch(inputs=inputs[:, :keep], targets=targets[:, :keep], question_len=batch.question_len,
+                 lengths=batch.lengths, n_steps=batch.n_steps)
+
+
+class TrailingPad:
+    """A task whose answers are followed by `k` scored PAD targets (`task.trailing_pad`); every
+    other attribute is the wrapped task's, and so is the random baseline (the pads are known)."""
+
+    def __init__(self, task: Task, k: int):
+        if not task.answer_region:
+            raise ValueError(f"trailing_pad applies to tasks with one answer after the question; "
+                             f"{task.name} is scored inside the sequence")
+        self.task, self.k = task, k
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def sample(self, batch_size: int, length, generator: torch.Generator) -> Batch:
+        return pad_answers(self.task.sample(batch_size, length, generator), self.k)

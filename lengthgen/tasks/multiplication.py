@@ -2,8 +2,9 @@
 
     question "11*0101="  ->  answer "111100"   (3 * 5 = 15 = 001111, reversed)
 
-a has 1 or 2 bits (bit-length uniform over 1..max_a_bits per sample, bits
-uniform, leading zeros allowed); b has exactly n bits (uniform, leading zeros
+a has 1 or 2 bits (bit-length uniform over min_a_bits..max_a_bits per sample,
+bits uniform, leading zeros allowed; the released code tests with a fixed at 2
+bits: min_a_bits = 2 in evaluation, e.g. eval.sweep = {min_a_bits = [1, 2]}); b has exactly n bits (uniform, leading zeros
 allowed); both are written most significant bit first. The answer is the
 product, least significant bit first, zero-padded to len(a) + n bits. Question
 and answer lengths therefore differ between samples of the same n.
@@ -26,15 +27,18 @@ class Multiplication(Task):
     eos = False  # the question fixes the answer length
     example = "11*0101= -> 111100"
 
-    def __init__(self, *, max_a_bits: int = 2):
+    def __init__(self, *, max_a_bits: int = 2, min_a_bits: int = 1):
         if not isinstance(max_a_bits, int) or isinstance(max_a_bits, bool) or max_a_bits < 1:
             raise ValueError(f"multiplication: max_a_bits must be an integer >= 1, got {max_a_bits!r}")
-        self.max_a_bits = max_a_bits
+        if not isinstance(min_a_bits, int) or isinstance(min_a_bits, bool) or not 1 <= min_a_bits <= max_a_bits:
+            raise ValueError(f"multiplication: min_a_bits must be an integer in [1, max_a_bits = {max_a_bits}], "
+                             f"got {min_a_bits!r}")
+        self.max_a_bits, self.min_a_bits = max_a_bits, min_a_bits
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, width = self.lengths_of(batch_size, length)
         m = self.max_a_bits
-        a_len = torch.randint(1, m + 1, (batch_size,), generator=generator)  # (B,)
+        a_len = torch.randint(self.min_a_bits, m + 1, (batch_size,), generator=generator)  # (B,)
         a_lsb = torch.randint(0, 2, (batch_size, m), generator=generator)  # a's bits, LSB first
         a_lsb = a_lsb * (torch.arange(m) < a_len[:, None])  # bits beyond len(a) are 0
         b_msb = torch.randint(0, 2, (batch_size, width), generator=generator)  # row b: n[b] bits
