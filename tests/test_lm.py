@@ -240,3 +240,14 @@ def test_train_refuses_a_text_preset_without_its_corpus(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_python_docs_are_the_newest_version_with_links_resolved(monkeypatch, tmp_path):
+    from lengthgen.tasks.corpus import python_docs_folder
+
+    for version in ("3.9", "3.12", "3.10"):
+        (tmp_path / f"python{version}" / "html" / "_sources").mkdir(parents=True)
+    (tmp_path / "python3.12-doc").mkdir()
+    (tmp_path / "python3.12-doc" / "html").symlink_to(tmp_path / "python3.12" / "html")
+    monkeypatch.setattr("lengthgen.tasks.corpus.DOCS_GLOB", str(tmp_path / "python3.*" / "html" / "_sources"))
+    assert python_docs_folder() == (tmp_path / "python3.12" / "html" / "_sources").resolve()

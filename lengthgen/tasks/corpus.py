@@ -63,7 +63,9 @@ def cache_root() -> Path:
 
 def python_docs_folder() -> Path:
     """The newest installed Python documentation sources, or a CorpusError saying how to install them."""
-    found = sorted(glob.glob(DOCS_GLOB), key=lambda p: [int(x) for x in re.findall(r"\d+", Path(p).parts[-3])])
+    # python3.11-doc/html and python3.11-dev are links to python3.11/html: one folder, one corpus key
+    found = sorted({Path(p).resolve() for p in glob.glob(DOCS_GLOB)},
+                   key=lambda p: [int(x) for x in re.findall(r"\d+", p.parts[-3])])
     if not found:
         raise CorpusError("the python-docs corpus needs Debian's python3-doc package (`make corpus`, or "
                           "`apt-get install python3-doc`), or task.options.path = a folder of .rst files")
