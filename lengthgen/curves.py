@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import ScalarFormatter
 
 from .evaluate import POSITION_LOSS, read_position_loss
 from .figures import _pyplot
@@ -71,6 +72,8 @@ def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
             band(ax, runs[0][0][:width], [losses[:width] for _, losses in runs], entry["color"], entry["label"])
             drawn += 1
         ax.set(title=task, xlabel="training step", ylabel="training loss (nats per scored token)", yscale="log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())  # 2, 3, 4 rather than 2 x 10^0
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
