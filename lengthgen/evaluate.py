@@ -177,16 +177,6 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
     return results, steps_rows
 
 
-def language_model_at(task: Task, method: Method, model, window: int, tokens: int, batch_tokens: int,
-                      device: torch.device) -> tuple[dict, list[float]]:
-    """({None: metrics}, per-position loss) of a language-model task at one window: perplexity on
-    the first `tokens` test tokens (eval.samples counts tokens for such tasks; lengthgen.lm)."""
-    from .lm import perplexity_at
-
-    values, losses = perplexity_at(task, method, model, window, tokens, batch_tokens, device)
-    return {None: values}, list(losses)
-
-
 def write_position_loss(path: Path, rows: list[dict]) -> None:
     """RUN/position_loss.csv: window,position,loss; rows of windows not evaluated now are kept."""
     windows = {r["window"] for r in rows}
@@ -250,9 +240,12 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
             with autocast(device, precision):
-                if getattr(variant, "language_model", False):  # perplexity on the test split (lengthgen.lm)
-                    results, losses = language_model_at(variant, method, model, length, samples,
-                                                        batch_size * cfg.task.train_max, device)
+                if getattr(variant, "language_model", False):  # perplexity on the test split (lengthgen.lm);
+                    from .lm import perplexity_at  # eval.samples counts test tokens for such a task
+
+                    values, losses = perplexity_at(variant, method, model, length, samples,
+                                                   batch_size * cfg.task.train_max, device)
+                    results = {None: values}
                     position_rows += [{"window": length, "position": p, "loss": float(v)}
                                       for p, v in enumerate(losses)]
                     curve = []

@@ -139,7 +139,9 @@ def validate(cfg: Config) -> Config:
     task = built("task.options", lambda: get_task(t.name, **t.options))
     check(0 <= t.trailing_pad <= MAX_LENGTH, f"task.trailing_pad must be in 0..{MAX_LENGTH}, got {t.trailing_pad}")
     if t.trailing_pad:  # refused for tasks scored inside the sequence and for coupled position IDs
-        built("task.trailing_pad", lambda: task_of(t).sample(2, t.train_min, __import__("torch").Generator()))
+        import torch
+
+        built("task.trailing_pad", lambda: task_of(t).sample(2, t.train_min, torch.Generator()))
     if getattr(task, "language_model", False):  # the corpus is there and tokenized before any folder is made
         built("task.options", task.corpus.ensure)
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")

@@ -27,7 +27,6 @@ files and copied into each run folder as tokenizer.json).
 """
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import glob
 import hashlib
@@ -230,8 +229,6 @@ class Corpus:
             tmp.replace(folder / f"{split}.bin")
             meta["splits"][split] = {"documents": len(docs), "characters": characters, "tokens": tokens,
                                      "names_sha256": hashlib.sha256("\n".join(n for n, _ in docs).encode()).hexdigest()}
-        with contextlib.suppress(FileNotFoundError):
-            (folder / "meta.json.tmp").unlink()
         (folder / "meta.json.tmp").write_text(json.dumps(meta, indent=1))
         (folder / "meta.json.tmp").replace(folder / "meta.json")
 
