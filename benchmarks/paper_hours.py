@@ -66,7 +66,7 @@ def step_cost(cfg, device: torch.device, fraction: int, steps: int) -> tuple[flo
     torch.manual_seed(0)
     model = method.build_model(cfg, task).to(device)
     tr = cfg.train
-    optimizer = torch.optim.AdamW(decay_params(model), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
+    optimizer = torch.optim.AdamW(decay_params(model, tr.decay_all), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
     loss_of, data = MethodLoss(method, model), torch.Generator().manual_seed(0)
 
     def one_step(step: int) -> None:

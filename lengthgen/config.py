@@ -21,7 +21,7 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 
-INITS = ("gpt2", "torch")  # model.init choices, see ModelConfig
+INITS = ("gpt2", "torch", "looped-tf")  # model.init choices, see ModelConfig
 
 
 @dataclass
@@ -31,6 +31,7 @@ class TaskConfig:
     train_max: int = 12  # longest problem length trained on (the real maximum)
     options: dict = field(default_factory=dict)  # task-specific options, e.g. {symbols = 50}
     trailing_pad: int = 0  # scored PAD targets after each answer (the released looped code's fixed-width rows)
+    pad_to_row: bool = False  # first pad each answer with scored PADs to the batch's widest row (ditto, per sample)
 
 
 @dataclass
@@ -43,14 +44,18 @@ class ModelConfig:
     position_options: dict = field(default_factory=dict)  # the scheme's own settings, e.g. {theta = 500000.0} for rope
     max_positions: int = 2048  # table size of learned / sinusoidal positions
     norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out
-    mlp: str = "gelu"  # gelu (GPT-2) or swiglu
+    mlp: str = "gelu"  # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new) or swiglu
     bias: bool = True  # biases in the blocks' linear layers (q/k/v, attention output, MLP)
     residual: str = "pre-norm"  # pre-norm (x + f(norm(x))) or norm-before-add (x = norm(x); x + f(x))
     dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
     attn_dropout: float = 0.0  # dropout on the attention weights
     mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (after the activation)
-    init: str = "gpt2"  # weight init: gpt2 (normal 0.02, scaled residual projections) or torch (torch's module defaults)
+    # weight init: gpt2 (normal 0.02, scaled residual projections), torch (torch's module defaults) or looped-tf
+    # (the looped-tf release: gpt2 in the blocks, torch's defaults for the read-in and read-out, see lengthgen.model)
+    init: str = "gpt2"
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
+    embed_bias: bool = False  # a learned vector added to every token's embedding (a linear read-in of one-hot tokens)
+    head_bias: bool = False  # a bias in the read-out (lm_head)
 
 
 @dataclass
@@ -59,6 +64,7 @@ class TrainConfig:
     batch_size: int = 64  # samples per step
     lr: float = 3e-4  # peak learning rate
     weight_decay: float = 0.01  # AdamW weight decay
+    decay_all: bool = False  # weight decay on every parameter (biases, norms); false: on matrices only
     betas: list = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
     grad_clip: float = 1.0  # max gradient norm; 0 = off
     # cosine (warm-up, then cosine), curriculum_cosine (warm-up, constant until the curriculum ends, then cosine),
@@ -68,6 +74,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # cosine and linear decay to lr * min_lr_ratio
     curriculum_start: int = 0  # first maximum length; 0 = no curriculum (train_max from the start)
     curriculum_interval: int = 500  # steps between +1 increments of the maximum length
+    cosine_start: int = 0  # curriculum_cosine: the step the cosine decay starts; 0 = when the curriculum ends
     length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
     ema: float = 0.0  # decay of an EMA of the weights used for evaluation; 0 = off
     model_seed: int = 0  # seeds weight initialisation
@@ -80,6 +87,7 @@ class TrainConfig:
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
     id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
+    halt_loss_weight: float = 1.0  # looped-halt, looped-uncertain: weight of the stopping loss beside the answer loss
     # streams the batch is drawn from: 1 = one stream from data_seed; N = N shards of batch_size/N samples, each
     # seeded by (data_seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
     data_shards: int = 1
@@ -111,7 +119,7 @@ LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "gelu-tanh", "swiglu")
 RESIDUALS = ("pre-norm", "norm-before-add")
 # keys of earlier versions: where they went (a saved run folder written by them still loads)
 MOVED = {"model.rope_theta": "model.position_options.theta"}

@@ -214,7 +214,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         stops = list(dict.fromkeys(stops or ["oracle"]))  # a rule given twice is evaluated once
         try:
             for stop in stops:
-                parse_rule(stop)
+                parse_rule(stop).check(method)
         except ValueError as err:
             raise UserError(str(err)) from None
     stops = stops or [None]

@@ -287,6 +287,8 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
                 method = get_method(load(preset, sets).method)  # fail now, in the parent, on a bad preset or override
                 grid.fail_unless(method.has_stop_rules or not (stops or per_step),
                                  f"arm {arm} lists stop rules or per_step, but its method {method.name} has no stop rules")
+                for stop in stops:
+                    parse_stop(grid, arm, stop, method)
                 name = "-".join([task, arm, *(f"{axis_name(k)}={axis_text(v)}" for k, v in values.items())])
                 for seed in range(seeds):
                     jobs.append(Job(task, arm, seed, str(preset),
@@ -296,8 +298,10 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
     return jobs
 
 
-def parse_stop(grid: Grid, arm: str, text) -> object:
+def parse_stop(grid: Grid, arm: str, text, method=None) -> object:
+    """The stop rule `text` of an arm; checked against the arm's method when one is given."""
     try:
-        return parse_rule(text)
+        rule = parse_rule(text)
+        return rule.check(method) if method is not None else rule
     except ValueError as err:
         raise UserError(f"{grid.path} arms.{arm}.stops: {err}") from None

@@ -127,13 +127,17 @@ def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
     return model.read(picked)
 
 
-def _prefix_states(model: LoopedTransformer, batch: Batch, pack: bool = True) -> tuple[Tensor, Tensor, Packed]:
+def _prefix_states(model: LoopedTransformer, batch: Batch, pack: bool = True,
+                   every_step: list | None = None) -> tuple[Tensor, Tensor, Packed]:
     """Each sample's state after its own T_i iterations, as packed tokens.
 
     Returns (h (N, D), order (B,), layout): rows in `order` (longest-running
     first), row r trimmed to its own scored width, laid out by `layout`.
     pack=False keeps every row at the batch's widest scored width (the
-    unpacked variant, same values, for the benchmark)."""
+    unpacked variant, same values, for the benchmark). `every_step`, if a list,
+    gets (h, done, k) after every iteration: h the packed tokens of rows 0..k-1,
+    the rows still running, of which rows done..k-1 finish at this iteration
+    (the states the trained stopping methods supervise, lengthgen.halting)."""
     steps = per_sample_steps(batch)
     width = scored_width(batch)
     widest = int(width.max())
@@ -161,6 +165,8 @@ def _prefix_states(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
         done = k
         while done > 0 and steps_sorted[done - 1] == t:
             done -= 1
+        if every_step is not None:
+            every_step.append((h, done, k))
         if done < k:  # rows done..k-1 finish at iteration t
             out.append(h[ends[done]:ends[k]])
     return torch.cat(out[::-1]), order, layout  # (N, D): groups finished shortest-first, i.e. from the end
@@ -173,12 +179,17 @@ def _logits_prefix(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
     return logits[torch.argsort(order)]  # (B, L, V) in batch order
 
 
-def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix") -> Tensor:
+def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix", step_loss=None) -> Tensor:
     """Mean cross-entropy over every scored token of the batch, each sample
-    read out at its own T_i."""
+    read out at its own T_i. `step_loss(model, batch, every_step, order, layout)`
+    adds a loss on the states of every iteration (see `_prefix_states`)."""
+    if step_loss is not None and scheme == "max":
+        raise ValueError("a loss on every iteration needs a prefix loss scheme")
     if scheme != "max":  # read out the packed tokens only: no padding reaches lm_head
-        h, order, layout = _prefix_states(model, batch, _packing(scheme))
+        steps = [] if step_loss is not None else None
+        h, order, layout = _prefix_states(model, batch, _packing(scheme), steps)
         targets = layout.unpad(batch.targets[order, :layout.width, None])[:layout.tokens, 0]  # (N,)
-        return F.cross_entropy(model.read(h).float(), targets, ignore_index=IGNORE)
+        loss = F.cross_entropy(model.read(h).float(), targets, ignore_index=IGNORE)
+        return loss if step_loss is None else loss + step_loss(model, batch, steps, order, layout)
     logits = oracle_logits(model, batch, scheme)
     return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from .config import Config
 from .model import Transformer
+from .halting import HaltingLooped, halt_loss, uncertain_loss
 from .looped import LoopedTransformer, looped_loss, oracle_logits
 from .tasks import BLANK, IGNORE, PAD, Batch, Task
 
@@ -41,6 +42,7 @@ class Method:
     `has_stop_rules`: `predict_stop(model, batch, rule)` reads out a looped model under a
     rule of lengthgen.stopping, and `--stop` / `--per-step` apply;
     `accepts_position_ids`: the model reads `Batch.position_ids` (task or transform IDs);
+    `has_halt_head`: the model has a halting head that the `halt` rule reads;
     `needs_answer_region`: the method works on one answer after the question (whole-answer
     prediction, pause tokens), so tasks scored inside the sequence (Task.answer_region
     False, e.g. flip-flop) do not suit it;
@@ -51,6 +53,7 @@ class Method:
 
     name = ""
     has_stop_rules = False
+    has_halt_head = False  # the model has a trained halting head (the `halt` stop rule)
     accepts_position_ids = True
     needs_answer_region = False
     needs_target_ids = False
@@ -111,6 +114,35 @@ class Looped(Method):
 class LoopedNoInjection(Looped):
     name = "looped-wo-injection"
     injection = False
+
+
+class LoopedHalt(Looped):
+    """The looped model with a halting head trained on every iteration (lengthgen.halting);
+    the `halt` stop rule reads it."""
+    name = "looped-halt"
+    has_halt_head = True
+
+    def build_model(self, cfg, task):
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection)
+        model.halt_loss_weight = cfg.train.halt_loss_weight  # rebuilt with the model, not a weight
+        return model
+
+    def loss(self, model, batch):
+        return looped_loss(model, batch, self.loss_scheme, halt_loss)
+
+
+class LoopedUncertain(Looped):
+    """The looped model trained to be unconfident before T(n) (lengthgen.halting); the
+    `first-confident` stop rule reads it."""
+    name = "looped-uncertain"
+
+    def build_model(self, cfg, task):
+        model = super().build_model(cfg, task)
+        model.halt_loss_weight = cfg.train.halt_loss_weight
+        return model
+
+    def loss(self, model, batch):
+        return looped_loss(model, batch, self.loss_scheme, uncertain_loss)
 
 
 def steps_at(task: Task, length: int) -> int:
@@ -224,6 +256,7 @@ def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
 
 METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
                                     "looped-wo-injection": LoopedNoInjection,
+                                    "looped-halt": LoopedHalt, "looped-uncertain": LoopedUncertain,
                                     "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
                                     "ppc": PredictivePositionCoupling}
 

@@ -1,8 +1,8 @@
 """GPT-2 style transformer, nanoGPT-sized, with the block variants as config.
 
-Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | swiglu
-(hidden width mlp_ratio * d_model, for both the linear and the gate units of
-SwiGLU); `bias` in the blocks' linear layers; `residual` pre-norm
+Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | gelu-tanh
+| swiglu (hidden width mlp_ratio * d_model, for both the linear and the gate
+units of SwiGLU); `bias` in the blocks' linear layers; `residual` pre-norm
 (x + f(norm(x)), GPT-2) | norm-before-add (x = norm(x); x + f(x), the TRA
 notebook's block); `dropout` on the residual stream, `attn_dropout` on the
 attention weights and `mlp_dropout` on the MLP's hidden units. The defaults are
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
@@ -33,13 +34,13 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """GPT-2: c_proj(gelu(c_fc(x)))."""
+    """GPT-2: c_proj(gelu(c_fc(x))); gelu-tanh is GPT-2's own `gelu_new`, the tanh approximation."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
         self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh" if cfg.mlp == "gelu-tanh" else "none")
         self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
@@ -64,7 +65,7 @@ class SwiGLU(nn.Module):
         return self.drop(self.c_proj(self.hidden_drop(F.silu(self.c_gate(x)) * self.c_fc(x))))  # (B, T, D)
 
 
-MLPS = {"gelu": MLP, "swiglu": SwiGLU}
+MLPS = {"gelu": MLP, "gelu-tanh": MLP, "swiglu": SwiGLU}
 
 
 class Block(nn.Module):
@@ -103,15 +104,19 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.wte = nn.Embedding(vocab_size, cfg.d_model)
+        # a linear read-in of one-hot tokens is an embedding table plus one bias vector
+        self.wte_bias = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.embed_bias else None
         self.drop = nn.Dropout(cfg.dropout)
         self.scheme = scheme if scheme is not None else build_scheme(cfg)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=cfg.head_bias)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # one (V, D) matrix reads in and out
         if cfg.init == "gpt2":
             self._init_gpt2()
+        elif cfg.init == "looped-tf":
+            self._init_looped_tf()
         # init "torch" keeps torch's module defaults: kaiming-uniform linears and a
         # N(0, 1) embedding. The looped CPU presets use it: the looped state is
         # LayerNorm-ed every iteration (entries ~1), and GPT-2's 0.02 embedding
@@ -129,6 +134,21 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+
+    def _init_looped_tf(self) -> None:
+        """The looped-tf release (src/models.py): GPT-2's init inside the blocks; the read-in
+        and read-out keep torch's defaults. With `embed_bias` the read-in is nn.Linear(V, D)
+        on one-hot tokens, whose weight and bias are uniform in +-1/sqrt(V); without, an
+        nn.Embedding, N(0, 1). The read-out is nn.Linear(D, V), as built."""
+        for name, module in self.blocks.named_modules():
+            self._init_weights(module)
+        for name, p in self.blocks.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+        if self.wte_bias is not None:
+            bound = 1 / math.sqrt(self.vocab_size)
+            nn.init.uniform_(self.wte.weight, -bound, bound)
+            nn.init.uniform_(self.wte_bias, -bound, bound)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -151,7 +171,8 @@ class Transformer(nn.Module):
 
     def embed(self, inputs: Tensor, position_ids: Tensor) -> Tensor:
         """inputs (B, T) long -> e (B, T, D): tokens plus the scheme's embedding."""
-        return self.drop(self.scheme.embed(self.wte(inputs), position_ids))
+        tokens = self.wte(inputs) if self.wte_bias is None else self.wte(inputs) + self.wte_bias
+        return self.drop(self.scheme.embed(tokens, position_ids))
 
     def run_blocks(self, h: Tensor, position_ids: Tensor, packed: Packed | None = None,
                    cache: KVCache | None = None) -> Tensor:

@@ -116,6 +116,9 @@ def validate(cfg: Config) -> Config:
     check(0 <= tr.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {tr.min_lr_ratio}")
     check(tr.curriculum_start == 0 or t.train_min <= tr.curriculum_start <= t.train_max,
           f"train.curriculum_start ({tr.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
+    check(tr.cosine_start >= 0, f"train.cosine_start must be >= 0, got {tr.cosine_start}")
+    check(tr.cosine_start == 0 or tr.schedule == "curriculum_cosine",
+          f"train.cosine_start applies to schedule curriculum_cosine, not {tr.schedule!r}")
     check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
     check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
@@ -138,10 +141,10 @@ def validate(cfg: Config) -> Config:
     check_options("task.options", t.options, TASKS[t.name], t.name)
     task = built("task.options", lambda: get_task(t.name, **t.options))
     check(0 <= t.trailing_pad <= MAX_LENGTH, f"task.trailing_pad must be in 0..{MAX_LENGTH}, got {t.trailing_pad}")
-    if t.trailing_pad:  # refused for tasks scored inside the sequence and for coupled position IDs
+    if t.trailing_pad or t.pad_to_row:  # refused for tasks scored inside the sequence and for coupled position IDs
         import torch
 
-        built("task.trailing_pad", lambda: task_of(t).sample(2, t.train_min, torch.Generator()))
+        built("task.trailing_pad" if t.trailing_pad else "task.pad_to_row", lambda: task_of(t).sample(2, t.train_min, torch.Generator()))
     if getattr(task, "language_model", False):  # the corpus is there and tokenized before any folder is made
         built("task.options", task.corpus.ensure)
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
@@ -151,6 +154,7 @@ def validate(cfg: Config) -> Config:
           f"method {cfg.method} predicts one answer after the question; {t.name} is scored inside the sequence "
           "(use a next-token method such as ntp)")
     check(tr.id_loss_weight >= 0, f"train.id_loss_weight must be >= 0, got {tr.id_loss_weight}")
+    check(tr.halt_loss_weight >= 0, f"train.halt_loss_weight must be >= 0, got {tr.halt_loss_weight}")
     if get_method(cfg.method).needs_target_ids:
         check_ppc(cfg)
     check_options("model.position_options", m.position_options, SCHEMES[m.position], m.position, skip=("cfg",))

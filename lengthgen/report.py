@@ -31,26 +31,31 @@ def _cell(a: dict | None, metric: str = "accuracy") -> str:
     return f"{a[metric]:.3f}{'' if math.isnan(err) else f' ± {err:.3f}'} ({a['seeds']})"
 
 
-def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0), metric: str = "accuracy") -> str:
+def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0), metric: str = "accuracy",
+            ratio: bool = True) -> str:
     """One row per (task, series): `metric` at multiples of the series' own training maximum
     (the looped paper's headline comparison at 1.5x and 2x), so tasks can be read side by side.
     For a metric other than accuracy the last column is the ratio of the last multiple's mean
-    to the first's (perplexity at 32x over perplexity at 1x, say) instead of the random guess."""
+    to the first's (perplexity at 32x over perplexity at 1x, say) instead of the random guess,
+    or none with ratio=False; series without a finite value of such a metric are left out."""
     labels = series_labels(agg)
     head = " | ".join(f"{f:g}× train max" for f in factors)
-    last = "random" if metric == "accuracy" else f"ratio {factors[-1]:g}× / {factors[0]:g}×"
-    lines = [f"| task | series | {head} | {last} |", "|---|---|" + "---:|" * (len(factors) + 1)]
+    last = "random" if metric == "accuracy" else f"ratio {factors[-1]:g}× / {factors[0]:g}×" if ratio else ""
+    lines = [f"| task | series | {head} |" + (f" {last} |" if last else ""),
+             "|---|---|" + "---:|" * (len(factors) + bool(last))]
     for task in sorted({a["task"] for a in agg}):
         v = task_view(agg, task, labels)
         for key, label in zip(v["series"], v["labels"]):
             targets = [at_multiple(v["lengths"], v["own_max"][key], f) for f in factors]
             found = [v["at"][(key, n)] for n in targets if n and (key, n) in v["at"]]
+            if metric != "accuracy" and not any(math.isfinite(a.get(metric, math.nan)) for a in found):
+                continue
             if metric == "accuracy":
                 odds = " / ".join(f"{a['baseline']:.2g}" for a in found)
             else:  # a ratio of means over seeds, not a mean of ratios
                 odds = f"{found[-1][metric] / found[0][metric]:.3f}" if len(found) == len(targets) > 1 else "–"
             cells = [f"{_cell(v['at'][(key, n)], metric)} @{n}" if n and (key, n) in v["at"] else "–" for n in targets]
-            lines.append(f"| {task} | {label} | " + " | ".join(cells) + f" | {odds} |")
+            lines.append(f"| {task} | {label} | " + " | ".join(cells) + (f" | {odds} |" if last else " |"))
     return "\n".join(lines) + "\n"
 
 
@@ -167,6 +172,11 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text += ["## Summary", "", f"{what} at {multiples} the longest training length (the evaluated length "
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
              summary(agg, factors, metric)]
+    if metric == "accuracy" and any(math.isfinite(a.get("stop_step", math.nan)) for a in agg):
+        text += [f"Mean read-out iteration (`stop_step`) at the same lengths, for the series with a stop rule. "
+                 "For the oracle it is T(n). The first-firing rules (`halt`, `first-confident`) run each sample "
+                 "that many iterations; the argmin rules run every sample to their search bound.", "",
+                 summary(agg, factors, "stop_step", ratio=False)]
     for spec in layout.get("tables", []):
         metrics = spec.get("metrics", ["accuracy"])
         text += [f"## {', '.join(metrics)} by {spec['by']}", "", "Mean ± standard error over seeds (number of seeds "

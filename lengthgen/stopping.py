@@ -100,21 +100,39 @@ def confidence(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
     return pred, torch.full((len(batch),), best_t, dtype=torch.long, device=pred.device)
 
 
-@torch.no_grad()
-def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None = None,
-                          stats: dict | None = None) -> tuple[Tensor, Tensor]:
-    """Per-sample argmin over t <= t_max of the sample's own confidence loss.
+CONFIDENT = math.log(2)  # first-confident: a mean confidence loss below this (geometric-mean top probability > 1/2)
 
-    Retirement (a sample stops iterating, the others go on with fewer rows):
-    - always, once its best confidence loss is exactly 0: the loss is >= 0, so
-      no later step can improve strictly; this never changes the result.
-    - with `patience` p, once p iterations in a row have not improved its best.
-      Exact when the loss is unimodal in t (falls to the right step, then
-      rises); otherwise it may stop at a local minimum. patience=None is the
-      plain argmin over all t <= t_max.
-    `stats["sample_steps"]` (if a dict is given) gets the iterations run summed
-    over samples, the cost compared with t_max * B.
-    """
+
+def _sample_confidence(model, h: Tensor, sc: Tensor) -> tuple[Tensor, Tensor]:
+    logits = model.read(h)  # (k, w, V)
+    return (token_confidence(logits) * sc).sum(1) / sc.sum(1).clamp(min=1), logits
+
+
+def _judge_confidence(model, h, sc):  # the argmin rule: retire only at a loss of exactly 0
+    conf, logits = _sample_confidence(model, h, sc)
+    return conf, conf <= 0, logits
+
+
+def _judge_first_confident(model, h, sc):
+    conf, logits = _sample_confidence(model, h, sc)
+    return conf, conf < CONFIDENT, logits
+
+
+def _judge_halt(model, h, sc):
+    z = model.halt_logits(h, sc).to(confidence_dtype(h.device))
+    return -z, z > 0, model.read(h)
+
+
+@torch.no_grad()
+def per_sample_search(model, batch: Batch, t_max: int, judge, patience: int | None = None,
+                      stats: dict | None = None) -> tuple[Tensor, Tensor]:
+    """Each sample's read-out at the first iteration t <= t_max where `judge` fires, else at
+    the argmin over t of its value. judge(model, h (k, w, D), scored (k, w)) -> (value (k,),
+    fires (k,) bool, logits (k, w, V)). A sample that fires stops iterating, the others go
+    on with fewer rows, so the iterations run are the steps picked. With `patience` p a
+    sample also stops once p iterations in a row have not lowered its best value. Ties keep
+    the earliest step. `stats["sample_steps"]` (if a dict is given) gets the iterations run
+    summed over samples."""
     B, L = batch.inputs.shape
     (h, e, pos), _ = _start(model, batch)
     scored, width = batch.scored, scored_width(batch)
@@ -129,17 +147,13 @@ def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None 
         h, e, pos = h[:, :w], e[:, :w], pos[:, :w]
         h = model.step(h, e, pos)  # (k, w, D)
         spent += len(active)
-        logits = model.read(h)  # (k, w, V)
-        sc = scored[active, :w]
-        conf = (token_confidence(logits) * sc).sum(1) / sc.sum(1).clamp(min=1)  # (k,)
-        better = (conf < best[active]) | (steps[active] == 0)  # step 1 stands until beaten
+        value, fires, logits = judge(model, h, scored[active, :w])
+        better = (value < best[active]) | (steps[active] == 0) | fires  # step 1 stands until beaten
         idx = active[better]
-        best[idx], steps[idx] = conf[better], t
+        best[idx], steps[idx] = value[better], t
         pred[idx, :w] = logits[better].argmax(-1)
         stale[active] = torch.where(better, 0, stale[active] + 1)
-        retire = best[active] <= 0
-        if patience is not None:
-            retire |= stale[active] >= patience
+        retire = fires | (stale[active] >= patience) if patience is not None else fires
         if bool(retire.any()):
             keep = ~retire
             active, h, e, pos = active[keep], h[keep], e[keep], take_rows(pos, keep)
@@ -150,16 +164,44 @@ def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None 
     return pred, steps
 
 
+def confidence_per_sample(model, batch: Batch, t_max: int, patience: int | None = None,
+                          stats: dict | None = None) -> tuple[Tensor, Tensor]:
+    """Per-sample argmin over t <= t_max of the sample's own confidence loss.
+
+    Retirement (a sample stops iterating, the others go on with fewer rows):
+    - always, once its best confidence loss is exactly 0: the loss is >= 0, so
+      no later step can improve strictly; this never changes the result.
+    - with `patience` p, once p iterations in a row have not improved its best.
+      Exact when the loss is unimodal in t (falls to the right step, then
+      rises); otherwise it may stop at a local minimum. patience=None is the
+      plain argmin over all t <= t_max.
+    """
+    return per_sample_search(model, batch, t_max, _judge_confidence, patience, stats)
+
+
+def first_confident(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
+    """Each sample at its first iteration whose mean confidence loss is below log 2
+    (else its most confident one): the rule for a model trained by `looped-uncertain`."""
+    return per_sample_search(model, batch, t_max, _judge_first_confident)
+
+
+def halt(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
+    """Each sample at its first iteration whose halting logit is > 0 (else its largest):
+    the rule for a model trained by `looped-halt`."""
+    return per_sample_search(model, batch, t_max, _judge_halt)
+
+
 @dataclass
 class Trace:
     """Every read-out t = 1..T of one pass, per sample: exact match (T, B) bool, token
     accuracy (T, B), mean confidence loss (T, B), the task's own metrics {name: (T, B)};
-    and the batch's confidence (T,)."""
+    the batch's confidence (T,); the halting logit (T, B) of a model with a halting head."""
     exact: Tensor
     token: Tensor
     confidence: Tensor
     batch_confidence: list[float]
     extra: dict[str, Tensor] = field(default_factory=dict)
+    halt: Tensor | None = None
 
 
 @torch.no_grad()
@@ -169,9 +211,11 @@ def trace(model, batch: Batch, t_max: int, metrics: Callable | None = None) -> T
     (pred (B, L), batch) -> {name: (B,)} adds a task's own metrics (Task.metrics)."""
     (h, e, pos), w = _start(model, batch)
     scored, targets = batch.scored[:, :w], batch.targets[:, :w]
-    exact, token, conf, batch_conf, extra = [], [], [], [], []
+    exact, token, conf, batch_conf, extra, halts = [], [], [], [], [], []
     for _ in range(t_max):
         h = model.step(h, e, pos)
+        if hasattr(model, "halt_logits"):
+            halts.append(model.halt_logits(h, scored).to(confidence_dtype(h.device)))
         logits = model.read(h)  # (B, w, V)
         pred = logits.argmax(-1)
         right = (pred == targets) & scored
@@ -183,7 +227,8 @@ def trace(model, batch: Batch, t_max: int, metrics: Callable | None = None) -> T
         if metrics is not None:
             extra.append(metrics(_full(pred, batch.inputs.shape[1]), batch))
     extra = {name: torch.stack([step[name] for step in extra]) for name in (extra[0] if extra else {})}
-    return Trace(torch.stack(exact), torch.stack(token), torch.stack(conf), batch_conf, extra)
+    return Trace(torch.stack(exact), torch.stack(token), torch.stack(conf), batch_conf, extra,
+                 torch.stack(halts) if halts else None)
 
 
 def default_t_max(batch: Batch) -> int:
@@ -216,6 +261,10 @@ class StopRule:
     def __str__(self) -> str:
         first = [f"+{self.args[0]}"] if self.relative else []
         return ":".join([self.name, *first, *map(str, self.args[len(first):])])
+
+    def check(self, method) -> "StopRule":
+        """Self, or ValueError if the rule cannot read out models of `method` (a Method)."""
+        return self
 
     def run(self, model, batch: Batch) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -295,7 +344,53 @@ class ConfidencePerSample(StopRule):
         return tr.confidence[:self.steps_needed(batch)].argmin(0) + 1  # argmin takes the earliest on ties
 
 
-RULES: dict[str, type[StopRule]] = {cls.name: cls for cls in (Oracle, Fixed, Confidence, ConfidencePerSample)}
+def first_firing(fires: Tensor, value: Tensor) -> Tensor:
+    """(T, B) bool, (T, B) -> (B,) step: the first t that fires, else the argmin of value."""
+    first = fires.float().argmax(0)  # the first True; 0 where none is
+    return torch.where(fires.any(0), first, value.argmin(0)) + 1
+
+
+class FirstConfident(StopRule):
+    name, usage, arity = "first-confident", "first-confident[:T_MAX|:+N]", (0, 1)
+    relative_ok = True
+    marker, label = "v", "first confident (per sample, mean)"
+
+    def run(self, model, batch):
+        return first_confident(model, batch, self._t_max(batch))
+
+    def steps_needed(self, batch):
+        return self._t_max(batch)
+
+    def trace_steps(self, tr, batch):
+        conf = tr.confidence[:self.steps_needed(batch)]
+        return first_firing(conf < CONFIDENT, conf)
+
+
+class Halt(StopRule):
+    name, usage, arity = "halt", "halt[:T_MAX|:+N]", (0, 1)
+    relative_ok = True
+    marker, label = "D", "halting head (per sample, mean)"
+
+    def check(self, method):
+        if not method.has_halt_head:
+            raise ValueError(f"stop rule halt reads a halting head: train with method looped-halt, not {method.name}")
+        return self
+
+    def run(self, model, batch):
+        return halt(model, batch, self._t_max(batch))
+
+    def steps_needed(self, batch):
+        return self._t_max(batch)
+
+    def trace_steps(self, tr, batch):
+        if tr.halt is None:
+            return None
+        z = tr.halt[:self.steps_needed(batch)]
+        return first_firing(z > 0, -z)
+
+
+RULES: dict[str, type[StopRule]] = {cls.name: cls for cls in (Oracle, Fixed, Confidence, ConfidencePerSample,
+                                                              FirstConfident, Halt)}
 
 
 def parse_rule(text: str | StopRule) -> StopRule:
@@ -340,5 +435,5 @@ def readout(tr: Trace, batch: Batch, rule: str | StopRule) -> tuple[dict[str, Te
 
 def predict_stop(model, batch: Batch, rule: str | StopRule) -> tuple[Tensor, Tensor]:
     """(pred (B, L), read-out step (B,)) under a rule: oracle | fixed:N | confidence[:T_MAX] |
-    confidence-per-sample[:T_MAX[:PATIENCE]]."""
+    confidence-per-sample[:T_MAX[:PATIENCE]] | first-confident[:T_MAX] | halt[:T_MAX]."""
     return parse_rule(rule).run(model, batch)

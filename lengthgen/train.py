@@ -102,7 +102,8 @@ def learning_rate(cfg: Config, step: int) -> float:
     if step < tr.warmup_steps:
         return tr.lr * (step + 1) / tr.warmup_steps
     # cosine: decay from the end of warm-up; curriculum_cosine: hold until the curriculum ends
-    begin = tr.warmup_steps if tr.schedule != "curriculum_cosine" else max(tr.warmup_steps, curriculum_end(cfg))
+    begin = tr.warmup_steps if tr.schedule != "curriculum_cosine" else max(tr.warmup_steps, tr.cosine_start
+                                                                          or curriculum_end(cfg))
     if step < begin:
         return tr.lr
     progress = min(1.0, (step - begin) / max(1, tr.steps - begin))
@@ -183,9 +184,11 @@ def prepare_run_dir(folder: Path, resume: bool, force: bool) -> None:
         raise UserError(f"cannot make run folder {folder}: {err.strerror}") from None
 
 
-def decay_params(model: torch.nn.Module) -> list[dict]:
-    """Weight decay on matrices only (not on biases, norms)."""
+def decay_params(model: torch.nn.Module, decay_all: bool = False) -> list[dict]:
+    """Weight decay on matrices only (not on biases, norms), or on every parameter."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if decay_all:
+        return [{"params": params}]
     return [{"params": [p for p in params if p.dim() >= 2]},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
@@ -213,7 +216,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     model = method.build_model(cfg, task).to(device)
     ema = copy.deepcopy(model).requires_grad_(False) if cfg.train.ema > 0 else None
     tr = cfg.train
-    optimizer = torch.optim.AdamW(decay_params(model), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
+    optimizer = torch.optim.AdamW(decay_params(model, tr.decay_all), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
     data = torch.Generator().manual_seed(tr.data_seed)
     step, trained_seconds = 0, 0.0
     metrics_path = folder / "metrics.jsonl"

@@ -12,7 +12,8 @@ from lengthgen.tasks import score
 
 
 def open_run(script: str, default_lengths: list[int], task: str | None = None, looped: bool = False):
-    """(folder, lengths, cfg, task, method, model), the model on the CPU; a one-line error and a
+    """(folder, lengths, cfg, task, method, model), the model on the CPU (lengths: those given, else
+    `default_lengths`, which may be empty for a script to choose from the run); a one-line error and a
     non-zero exit on bad arguments, a missing or corrupt run, or a run of the wrong task or method."""
     try:
         args = sys.argv[1:]
@@ -20,7 +21,7 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
             raise UserError(f"usage: {script}.py RUN_DIR [LENGTH ...] (lengths: integers 1..{MAX_LENGTH})")
         folder, lengths = args[0], [int(n) for n in args[1:]] or default_lengths
         cfg, run_task, method, model, _ = load_run(folder, torch.device("cpu"))
-        check_fits(cfg, max(lengths))
+        check_fits(cfg, max(lengths, default=1))
         if task and run_task.name != task:
             raise UserError(f"{folder} is a {run_task.name!r} run; {script} needs a {task} one")
         if looped and not method.has_stop_rules:

@@ -73,6 +73,11 @@ def test_overrides_are_typed_and_win():
     ("eval.sweep={bogus=[1]}", ["eval.sweep.bogus"]),
     ('train.log_to=["jsonl", "tensorbord"]', ["train.log_to", "did you mean tensorboard"]),
     ("train.data_shards=3", ["train.data_shards", "divide train.batch_size"]),
+    ("train.cosine_start=100", ["train.cosine_start", "curriculum_cosine"]),
+    ("train.cosine_start=-1", ["train.cosine_start", ">= 0"]),
+    ("train.halt_loss_weight=-1", ["train.halt_loss_weight", ">= 0"]),
+    ("model.embed_bias=1", ["model.embed_bias", "bool"]),
+    ("task.pad_to_row=yes", ["task.pad_to_row", "bool"]),
 ])
 def test_bad_values_name_the_key(override, names):
     with pytest.raises(ConfigError) as err:

@@ -263,7 +263,7 @@ def test_trace_record_and_rule_parsing():
     rule = stopping.parse_rule("confidence-per-sample:40:3")
     assert isinstance(rule, stopping.ConfidencePerSample) and rule.args == [40, 3]
     assert stopping.parse_rule(rule) is rule and set(stopping.RULES) == {
-        "oracle", "fixed", "confidence", "confidence-per-sample"}
+        "oracle", "fixed", "confidence", "confidence-per-sample", "first-confident", "halt"}
     rule = stopping.parse_rule("confidence:+20")  # the released window: T(n) + 20, per batch
     assert rule.relative and rule.args == [20] and str(rule) == "confidence:+20"
     assert rule.steps_needed(batch) == int(batch.n_steps.max()) + 20

@@ -153,10 +153,14 @@ def test_the_curriculum_is_the_released_one_step_by_step(task):
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_the_learning_rate_is_constant_through_the_curriculum_then_decays_to_zero(task):
+def test_the_learning_rate_is_the_released_schedule(task):
+    """src/train.py: 1e-4 up to step end * interval, then CosineAnnealingLR(T_max = train_steps -
+    end * interval, eta_min = 0), stepped once per step."""
+    import math
     cfg = load(task)
-    hold = curriculum_end(cfg)
-    assert hold == (cfg.task.train_max - 1) * cfg.train.curriculum_interval
-    assert learning_rate(cfg, 0) == learning_rate(cfg, hold) == 1e-4
-    assert 0 < learning_rate(cfg, hold + 1) < 1e-4
-    assert learning_rate(cfg, cfg.train.steps - 1) < 1e-8
+    _, _, end, interval, _ = RELEASED[task]
+    hold, steps = end * interval, cfg.train.steps
+    assert curriculum_end(cfg) < hold  # the curriculum alone would start the decay two intervals early
+    for step in [0, hold - 1, hold, hold + 1, (hold + steps) // 2, steps - 1, *range(0, steps, 997)]:
+        released = 1e-4 if step <= hold else 1e-4 * 0.5 * (1 + math.cos(math.pi * (step - hold) / (steps - hold)))
+        assert math.isclose(learning_rate(cfg, step), released, rel_tol=1e-9, abs_tol=1e-15), (task, step)

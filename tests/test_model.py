@@ -272,6 +272,46 @@ def test_torch_init_and_untied_head():
     assert w.abs().max().item() <= bound and w.std().item() > 0.8 * bound / math.sqrt(3)
 
 
+def test_looped_tf_init_the_released_mix():
+    """GPT-2's init inside the blocks; the read-in an nn.Linear(V, D) of one-hot tokens (weight and
+    bias uniform in +-1/sqrt(V)); the read-out nn.Linear(D, V) with its bias (+-1/sqrt(D))."""
+    D, L, vocab = 256, 3, 7
+    torch.manual_seed(0)
+    m = Transformer(cfg("nope", d_model=D, n_layer=L, n_head=8, init="looped-tf", tie_embeddings=False,
+                        embed_bias=True, head_bias=True), vocab)
+    proj = torch.cat([b.attn.c_proj.weight.flatten() for b in m.blocks] + [b.mlp.c_proj.weight.flatten() for b in m.blocks])
+    assert abs(proj.std().item() - 0.02 / math.sqrt(2 * L)) < 0.1 * 0.02 / math.sqrt(2 * L)
+    assert abs(m.blocks[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
+    assert all((b.attn.c_attn.bias == 0).all() and (b.mlp.c_fc.bias == 0).all() for b in m.blocks)
+    read_in, read_out = 1 / math.sqrt(vocab), 1 / math.sqrt(D)
+    for w, bound in ((m.wte.weight, read_in), (m.wte_bias, read_in), (m.lm_head.weight, read_out)):
+        assert w.abs().max().item() <= bound and w.std().item() > 0.8 * bound / math.sqrt(3)  # U(-b, b): std b/sqrt 3
+    assert m.lm_head.bias.abs().max().item() <= read_out and m.lm_head.bias.abs().min().item() > 0
+    table = Transformer(cfg("nope", d_model=D, n_layer=1, n_head=8, init="looped-tf", tie_embeddings=False), 60)
+    assert abs(table.wte.weight.std().item() - 1.0) < 0.05 and table.wte_bias is None  # nn.Embedding: N(0, 1)
+    assert table.lm_head.bias is None
+
+
+def test_embed_bias_is_a_linear_read_in_of_one_hot_tokens():
+    m = Transformer(cfg("nope", d_model=32, n_layer=1, n_head=2, embed_bias=True, head_bias=True), V)
+    x = tokens()
+    ids = torch.arange(x.shape[1])[None]
+    one_hot = F.one_hot(x, V).float()
+    assert torch.allclose(m.embed(x, ids), F.linear(one_hot, m.wte.weight.T, m.wte_bias), atol=1e-6)
+    h = torch.randn(2, 3, 32)
+    assert torch.allclose(m.lm_head(h), h @ m.wte.weight.T + m.lm_head.bias, atol=1e-5)  # tied weight, own bias
+
+
+def test_gelu_tanh_is_gpt2s_gelu_new():
+    m = Transformer(cfg("nope", d_model=32, n_layer=1, n_head=2, mlp="gelu-tanh"), V)
+    x = torch.randn(4, 32)
+    mlp = m.blocks[0].mlp
+    u = mlp.c_fc(x)
+    gelu_new = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))  # GPT-2's formula
+    assert torch.allclose(mlp(x), mlp.c_proj(gelu_new), atol=1e-6)
+    assert not torch.allclose(mlp(x), mlp.c_proj(F.gelu(u)), atol=1e-7)
+
+
 def test_pieces_compose_to_forward():
     m = model("rope")
     x = tokens()

@@ -133,6 +133,18 @@ def test_summary_reads_each_series_at_multiples_of_its_own_training_maximum():
     assert "trained on lengths ≤ 8 (looped, oracle stop), 4 (ntp)" in markdown(agg)
 
 
+def test_the_read_out_iteration_has_its_own_summary_for_series_with_a_stop_rule(tmp_path):
+    from lengthgen.report import write_report
+
+    ntp = write_run(tmp_path / "ntp", lengths=(2, 4, 6, 8))
+    runs = [write_run(tmp_path / f"halt-s{seed}", lengths=(2, 4, 6, 8), method="looped-halt", stop="halt", seed=seed,
+                      stop_step=float(n)) for seed, n in ((0, 5), (1, 7))]
+    text = write_report([ntp, *runs], tmp_path / "out").read_text()
+    steps = text[text.index("Mean read-out iteration"):text.index("## Per task")]
+    assert "| parity | looped-halt, halt stop | 6.000 ± 1.000 (2) @6 | 6.000 ± 1.000 (2) @8 |" in steps
+    assert "ntp" not in steps  # no stop rule, no read-out iteration
+
+
 def test_swept_values_order_as_numbers():
     """k = 2 before k = 10 in every table, not as text ("10" < "2")."""
     from lengthgen.report import summary

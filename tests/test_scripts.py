@@ -57,6 +57,17 @@ def test_parity_scripts_run_on_a_looped_parity_run(runs):
     assert 0 <= share <= 1
 
 
+def test_halting_probe_reports_where_it_stops(runs):
+    out = run_script("halting_probe.py", str(runs / "parity"), "5", "6")
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if re.match(r"\| \d", line)]
+    assert [int(r[0]) for r in rows] == [4, 5, 6]  # the training maximum, then the lengths asked for
+    for _, at_t, probe, oracle in rows:
+        assert all(0 <= float(v) <= 1 for v in (at_t, probe, oracle))
+        # stopping at T(n) gives the oracle's read-out: the two exact matches differ by no more than the misses
+        assert abs(float(probe) - float(oracle)) <= 1 - float(at_t) + 1e-3
+
+
 def answer_position_rows(run: Path, *lengths: str) -> list[tuple[int, float, list[float]]]:
     out = run_script("answer_positions.py", str(run), *lengths)
     assert out.returncode == 0, out.stderr
@@ -81,6 +92,7 @@ def test_answer_positions_cover_the_answer_and_bound_the_exact_match(runs):
     ("multiplication_by_a.py", ["mult", "x"], "usage: multiplication_by_a.py"),
     ("multiplication_by_a.py", ["nowhere"], "does not exist"),
     ("confidence_ranks.py", ["mult-ntp"], "confidence_ranks needs a looped one"),
+    ("halting_probe.py", ["mult-ntp"], "halting_probe needs a looped one"),
     ("parity_by_count.py", ["mult"], "is a 'multiplication' run"),
     ("parity_by_count.py", ["parity", "-3"], "usage: parity_by_count.py"),
     ("answer_positions.py", ["nowhere"], "does not exist"),

@@ -34,6 +34,22 @@ def test_each_answer_is_followed_by_k_scored_pads(name, k):
     assert TrailingPad(task, k).random_baseline(6) == task.random_baseline(6)  # the pads are known
 
 
+@pytest.mark.parametrize("name", ["parity", "copy", "binary_sum", "unique_set"])
+@pytest.mark.parametrize("k", [0, 2])
+def test_pad_to_row_scores_pads_up_to_the_widest_row_then_k(name, k):
+    task = get_task(name)
+    lengths = torch.randint(1, 9, (48,), generator=torch.Generator().manual_seed(0))
+    plain = task.sample(48, lengths, torch.Generator().manual_seed(1))
+    padded = TrailingPad(task, k, to_row=True).sample(48, lengths, torch.Generator().manual_seed(1))
+    widest = int(plain.widths.max())
+    for b in range(48):  # brute force: the answer, then PADs through column widest - 1 + k
+        scored = plain.targets[b][plain.targets[b] != IGNORE].tolist()
+        first = int((plain.targets[b] != IGNORE).nonzero()[0])
+        assert padded.targets[b][first:].tolist() == scored + [PAD] * (widest + k - first - len(scored))
+    assert padded.widths.tolist() == [widest + k] * 48  # every row ends at the same column
+    assert torch.equal(padded.n_steps, plain.n_steps)
+
+
 def test_exact_match_counts_the_pads():
     batch = pad_answers(get_task("copy").sample(8, 5, torch.Generator().manual_seed(0)), 2)
     pred = batch.targets.clamp(min=0)

@@ -17,7 +17,7 @@ from lengthgen.errors import TrainingDiverged, UserError
 from lengthgen.evaluate import accuracy_at, load_run
 from lengthgen.methods import NextTokenPrediction
 from lengthgen.tasks import get_task
-from lengthgen.train import curriculum_end, curriculum_max, learning_rate, sample_batch, train
+from lengthgen.train import curriculum_end, curriculum_max, decay_params, learning_rate, sample_batch, train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu"]
@@ -60,6 +60,18 @@ def test_curriculum_and_schedules():
     assert learning_rate(line, 325) == pytest.approx(0.0075)  # a quarter of the way down
     assert learning_rate(line, 1000) == pytest.approx(0.0)
     assert curriculum_max(tiny(), 0) == 4  # no curriculum: the maximum from the start
+    late = tiny("task.train_max=10", "train.curriculum_start=2", "train.curriculum_interval=100",
+                "train.steps=2000", "train.schedule=curriculum_cosine", "train.lr=0.01", "train.cosine_start=1000")
+    assert learning_rate(late, 999) == learning_rate(late, 1000) == 0.01  # held past the curriculum's end
+    assert learning_rate(late, 1500) == pytest.approx(0.005)
+
+
+def test_decay_all_decays_biases_and_norms_too():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    matrices, rest = decay_params(model)
+    assert [p.dim() for p in matrices["params"]] == [2] and rest["weight_decay"] == 0.0 and len(rest["params"]) == 3
+    (every,) = decay_params(model, decay_all=True)
+    assert len(every["params"]) == 4 and "weight_decay" not in every  # the optimizer's own decay for all
 
 
 def test_sample_batch_lengths():

@@ -26,9 +26,9 @@ TASKS: dict[str, type[Task]] = {
 
 def task_of(cfg, **options) -> Task:
     """The task of a config's [task] table (a TaskConfig), `options` replacing some of its options,
-    with `trailing_pad` scored PADs after each answer when it asks for them."""
+    with scored PADs after each answer when it asks for them (`trailing_pad`, `pad_to_row`)."""
     task = get_task(cfg.name, **{**cfg.options, **options})
-    return TrailingPad(task, cfg.trailing_pad) if cfg.trailing_pad else task
+    return TrailingPad(task, cfg.trailing_pad, cfg.pad_to_row) if cfg.trailing_pad or cfg.pad_to_row else task
 
 
 def get_task(name: str, **options) -> Task:

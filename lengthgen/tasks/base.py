@@ -282,18 +282,22 @@ def sample_mixed(task: Task, batch_size: int, low: int, high: int, generator: to
     return task.sample(batch_size, lengths, generator)
 
 
-def pad_answers(batch: Batch, k: int) -> Batch:
+def pad_answers(batch: Batch, k: int, to_row: bool = False) -> Batch:
     """`batch` with k PAD targets scored after each answer (the released looped code's rows,
     padded to a fixed width with every slot after the answer a target): the loss, exact match
-    and the confidence stop rule then read them too. Whole-answer methods blank those inputs
-    like the answer's; next-token prediction reads the last answer token, then PADs."""
+    and the confidence stop rule then read them too. `to_row`: first pad every row to the
+    batch's widest scored row, then add k, so the pad count varies with the sample as in the
+    released rows. Whole-answer methods blank those inputs like the answer's; next-token
+    prediction reads the last answer token, then PADs."""
     if batch.position_ids is not None or batch.target_ids is not None:
         raise ValueError("trailing_pad cannot extend a task's own position IDs (coupled tasks)")
     rows = torch.arange(len(batch))
     end = batch.widths - 1  # each row's last scored column
-    width = batch.inputs.shape[1] + k + 1
-    inputs = torch.nn.functional.pad(batch.inputs, (0, k + 1), value=PAD)
-    targets = torch.nn.functional.pad(batch.targets, (0, k + 1), value=IGNORE)
+    k = (int(end.max()) - end if to_row else torch.zeros_like(end)) + k  # (B,) pads per row
+    width = batch.inputs.shape[1] + int(k.max()) + 1
+    extra = width - batch.inputs.shape[1]
+    inputs = torch.nn.functional.pad(batch.inputs, (0, extra), value=PAD)
+    targets = torch.nn.functional.pad(batch.targets, (0, extra), value=IGNORE)
     inputs[rows, end + 1] = batch.targets[rows, end]  # the last answer token becomes an input
     column = torch.arange(width)[None, :]
     after = (column > end[:, None]) & (column <= (end + k)[:, None])
@@ -304,17 +308,18 @@ def pad_answers(batch: Batch, k: int) -> Batch:
 
 
 class TrailingPad:
-    """A task whose answers are followed by `k` scored PAD targets (`task.trailing_pad`); every
-    other attribute is the wrapped task's, and so is the random baseline (the pads are known)."""
+    """A task whose answers are followed by scored PAD targets: `k` (`task.trailing_pad`), after
+    padding each row to the batch's widest one if `to_row` (`task.pad_to_row`); every other
+    attribute is the wrapped task's, and so is the random baseline (the pads are known)."""
 
-    def __init__(self, task: Task, k: int):
+    def __init__(self, task: Task, k: int, to_row: bool = False):
         if not task.answer_region:
-            raise ValueError(f"trailing_pad applies to tasks with one answer after the question; "
+            raise ValueError(f"trailing_pad and pad_to_row apply to tasks with one answer after the question; "
                              f"{task.name} is scored inside the sequence")
-        self.task, self.k = task, k
+        self.task, self.k, self.to_row = task, k, to_row
 
     def __getattr__(self, name):
         return getattr(self.task, name)
 
     def sample(self, batch_size: int, length, generator: torch.Generator) -> Batch:
-        return pad_answers(self.task.sample(batch_size, length, generator), self.k)
+        return pad_answers(self.task.sample(batch_size, length, generator), self.k, self.to_row)

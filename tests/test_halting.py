@@ -1,0 +1,181 @@
+"""Trained per-sample stopping: the losses of looped-halt and looped-uncertain against
+brute force, the `halt` and `first-confident` rules, and a tiny run that learns to halt."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lengthgen import presets, stopping
+from lengthgen.errors import UserError
+from lengthgen.looped import looped_loss, per_sample_steps
+from lengthgen.methods import get_method
+from lengthgen.tasks import get_task
+from test_looped import MIXED, Scripted, mixed_batch, scripted_case
+
+
+def build(method, weight=1.0, seed=0):
+    torch.manual_seed(seed)
+    cfg = presets.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
+                              f"method={method}", f"train.halt_loss_weight={weight}"])
+    return get_method(method), get_method(method).build_model(cfg, get_task("copy"))
+
+
+def each_step(model, batch):
+    """Yield (sample, t, T_i, h (1, w, D), scored (1, w)) for t = 1..T_i, one sample at a time."""
+    x, T = batch.blank_answers().inputs, per_sample_steps(batch)
+    for i in range(len(batch)):
+        w = int(batch.widths[i])
+        h, e, pos = model.start(x[i:i + 1, :w])
+        for t in range(1, int(T[i]) + 1):
+            h = model.step(h, e, pos)
+            yield i, t, int(T[i]), h, batch.scored[i:i + 1, :w]
+
+
+def test_halt_loss_is_balanced_cross_entropy_of_the_mean_head_logit():
+    method, model = build("looped-halt", weight=0.5)
+    batch = mixed_batch()
+    done, not_done = [], []
+    for _, t, T, h, sc in each_step(model, batch):
+        logit = model.halt_head(h)[0, :, 0][sc[0]].mean()
+        label = torch.tensor(float(t == T))
+        (done if t == T else not_done).append(F.binary_cross_entropy_with_logits(logit, label))
+    expected = 0.5 * (torch.stack(done).mean() + torch.stack(not_done).mean())
+    extra = method.loss(model, batch) - looped_loss(model, batch)
+    assert torch.allclose(extra, expected, atol=1e-5), (extra, expected)
+
+
+def test_uncertain_loss_is_cross_entropy_to_uniform_before_the_right_step():
+    method, model = build("looped-uncertain", weight=2.0)
+    batch = mixed_batch()
+    terms = []
+    for _, t, T, h, sc in each_step(model, batch):
+        if t < T:
+            logp = model.read(h)[0][sc[0]].log_softmax(-1)  # (tokens, V)
+            terms.append(-logp.mean(-1) - math.log(logp.shape[-1]))
+    expected = 2.0 * torch.cat(terms).mean()
+    extra = method.loss(model, batch) - looped_loss(model, batch)
+    assert torch.allclose(extra, expected, atol=1e-5), (extra, expected)
+    assert float(expected.detach()) > 0  # a random read-out is not uniform
+
+
+def test_stopping_losses_reach_the_block_and_start_from_the_plain_model():
+    plain = build("looped")[1]
+    for name in ("looped-halt", "looped-uncertain"):
+        method, model = build(name)
+        for key, value in plain.state_dict().items():  # same seed: the same weights, the head is extra
+            assert torch.equal(model.state_dict()[key], value), key
+        batch = mixed_batch()
+        (method.loss(model, batch) - looped_loss(model, batch)).backward()
+        block = [p.grad for n, p in model.named_parameters() if n.startswith("blocks.")]
+        assert any(g is not None and g.abs().sum() > 0 for g in block), name
+
+
+def test_every_sample_of_length_one_has_no_negative_step():
+    for name in ("looped-halt", "looped-uncertain"):
+        method, model = build(name)
+        batch = get_task("copy").sample(4, 1, torch.Generator().manual_seed(0))
+        assert torch.isfinite(method.loss(model, batch)), name
+
+
+class ScriptedHalt(Scripted):
+    """Scripted logits plus a scripted halting logit halt[t, b]."""
+
+    def __init__(self, table, halt):
+        super().__init__(table)
+        self.halt = torch.tensor(halt, dtype=torch.float32)
+
+    def halt_logits(self, h, scored):
+        b, t = h[:, 0, 0].long(), h[:, 0, 1].long() - 1
+        return self.halt[t, b]
+
+
+def test_halt_stops_at_the_first_positive_logit_else_the_largest():
+    batch, model = scripted_case([[0.3] * 3] * 4)
+    model = ScriptedHalt(model.table, [[-1.0, 2.0, -3.0], [0.5, -1.0, -0.5], [2.0, 1.0, -2.0], [-1.0, 3.0, -1.0]])
+    stats = {}
+    pred, steps = stopping.per_sample_search(model, batch, 4, stopping._judge_halt, stats=stats)
+    assert steps.tolist() == [2, 1, 2]  # sample 2 never fires: its largest logit, -0.5 at t = 2
+    assert stats["sample_steps"] == 2 + 1 + 4  # a sample stops iterating where it fires
+    for b, t in enumerate(steps.tolist()):
+        assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
+    tr = stopping.trace(model, batch, 4)
+    values, read = stopping.readout(tr, batch, "halt:4")
+    assert torch.equal(read, steps)
+
+
+def spread_case(conf):
+    """scripted_case for confidence losses up to log V: the top logit is 0 and the V - 1
+    others share the rest, so p_max = exp(-c)."""
+    batch, model = scripted_case([[0.3] * 3] * len(conf))
+    V = model.table.shape[-1]
+    for t, row in enumerate(conf):
+        for b, c in enumerate(row):
+            top = int(model.table[t, b, 0].argmax())
+            model.table[t, b] = math.log((math.exp(c) - 1) / (V - 1))
+            model.table[t, b, :, top] = 0.0
+    return batch, model
+
+
+def test_first_confident_stops_below_log_2_else_at_the_most_confident():
+    conf = [[1.0, 0.9, 1.7], [0.5, 0.8, 1.5], [0.2, 0.1, 1.2], [0.6, 0.05, 1.1]]
+    batch, model = spread_case(conf)
+    assert torch.allclose(stopping.trace(model, batch, 4).confidence, torch.tensor(conf, dtype=torch.float64))
+    pred, steps = stopping.first_confident(model, batch, 4)
+    assert steps.tolist() == [2, 3, 4]  # 0.5 < log 2 at t = 2; 0.1 at t = 3; never: argmin 1.1 at t = 4
+    tr = stopping.trace(model, batch, 4)
+    assert torch.equal(stopping.readout(tr, batch, "first-confident:4")[1], steps)
+    for b, t in enumerate(steps.tolist()):
+        assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
+
+
+def test_rules_on_a_real_halting_model_match_the_trace():
+    _, model = build("looped-halt")
+    model.eval()
+    batch = mixed_batch()
+    tr = stopping.trace(model, batch, 16)
+    for rule in ("halt", "halt:+3", "first-confident", "first-confident:9"):
+        values, steps = stopping.readout(tr, batch, rule)
+        pred, want = stopping.predict_stop(model, batch, rule)
+        assert torch.equal(steps, want), rule
+        assert torch.equal(values["accuracy"], ((pred == batch.targets) | ~batch.scored).all(1)), rule
+    assert stopping.readout(stopping.trace(build("looped")[1].eval(), batch, 16), batch, "halt") is None
+
+
+def test_halt_needs_a_halting_head(tmp_path):
+    with pytest.raises(ValueError, match="looped-halt"):
+        stopping.parse_rule("halt").check(get_method("looped"))
+    assert stopping.parse_rule("halt:+20").check(get_method("looped-halt")).relative
+    with pytest.raises(ValueError, match="first-confident"):
+        stopping.parse_rule("first-confident:x")
+
+
+def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
+    from lengthgen.evaluate import evaluate_run
+    from lengthgen.train import train
+    cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_max=3", "model.n_layer=1",
+                              "model.d_model=16", "model.n_head=2", "train.steps=2", "train.device=cpu"])
+    train(cfg, tmp_path / "run", progress=False)
+    with pytest.raises(UserError, match="halting head"):
+        evaluate_run(tmp_path / "run", [2], 8, stops=["oracle", "halt"], progress=False)
+
+
+def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
+    """A tiny Parity run: the halting head must fire at T(n) on the training lengths, so the
+    rule reads out what the oracle reads out (whether the answer itself is learnt yet is
+    test_looped_learns_parity's question)."""
+    from lengthgen.evaluate import load_run, eval_batches
+    from lengthgen.train import train
+    cfg = presets.load(None, [
+        "method=looped-halt", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
+        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", "train.steps=600", "train.lr=1e-3",
+        "train.batch_size=32", "train.warmup_steps=20", "train.curriculum_start=2", "train.curriculum_interval=40",
+        "train.log_interval=300", "train.checkpoint_interval=600", "train.device=cpu"])
+    train(cfg, tmp_path / "run", progress=False)
+    _, task, method, model, _ = load_run(tmp_path / "run", torch.device("cpu"))
+    for n in (2, 4, 6):
+        batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
+        pred, steps = method.predict_stop(model, batch, "halt")
+        oracle, _ = method.predict_stop(model, batch, "oracle")
+        same = ((pred == oracle) | ~batch.scored).all(1).float().mean()
+        assert float((steps == n).float().mean()) >= 0.9 and float(same) >= 0.9, (n, steps.tolist()[:10], same)
