@@ -181,6 +181,7 @@ def test_the_sparsity_grid_couples_through_rope_on_cpu_but_ppc_keeps_a_learned_t
     (("[arms.plain]\nset", "[arms.plain]\nsett"), "unknown key arms.plain.sett (did you mean set?)"),
     (("set = {method = \"ntp\"}", "set = {method = \"ntp\"}\nstops = [\"oracle\"]"), "has no stop rules"),
     (("set = {method = \"ntp\"}", "set = {method = \"ntp\"}\nstops = [\"sometimes\"]"), "arms.plain.stops"),
+    (("set = {method = \"ntp\"}", "set = {method = \"looped\"}\nstops = [\"halt\"]"), "reads a halting head"),
     (("[1, 2]}", "[1, \"a/b\"]}"), "cannot name a folder"),
     (("[arms.plain]", "[tasks.multiplication.arms.other]\n[arms.plain]"), "names no arm"),
     (("[tasks.multiplication]", "[tasks.multiplication]\npreset = \"cpu/nothing.toml\""), "does not exist"),
@@ -188,7 +189,7 @@ def test_the_sparsity_grid_couples_through_rope_on_cpu_but_ppc_keeps_a_learned_t
     (("[scales.cpu]", ""), "declares no scale"),
     (("seeds = 2", "seeds = \"two\""), "seeds must be a int"),
     (("set = {method = \"ntp\"}", "set = {\"model.n_layerz\" = 2}"), "model.n_layerz"),
-], ids=["unknown-key", "stops-without-rules", "bad-stop", "axis-value", "undeclared-arm", "no-preset", "figure",
+], ids=["unknown-key", "stops-without-rules", "bad-stop", "halt-without-head", "axis-value", "undeclared-arm", "no-preset", "figure",
         "no-scale", "type", "bad-set"])
 def test_bad_grids_are_one_line_errors_before_any_run(tmp_path, change, needle, capsys):
     paper = toy(tmp_path / "toy", GRID.replace(*change))
