@@ -179,6 +179,7 @@ class Packed:
     """
 
     def __init__(self, widths: list[int], multiple: int = 1):
+        self.widths = list(widths)  # each row's width, in row order
         self.rows, self.width, self.tokens = len(widths), max(widths), sum(widths)
         self.capacity = -(-self.tokens // multiple) * multiple
         self.runs: list[tuple[int, int]] = []  # (rows, width) of each run of equal-width rows

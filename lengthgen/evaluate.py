@@ -26,6 +26,8 @@ from .config import Config
 from .presets import from_dict
 from .errors import UserError
 from .methods import METHODS, Method, get_method
+from .stop_passes import trace
+from .stopping import default_t_max, parse_rule, readout
 from .tasks import TASKS, Batch, Task, measure, task_of
 from .train import autocast, native_bf16, pick_device
 
@@ -140,7 +142,6 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
     cost. A lone rule runs its own pass (per-sample confidence then retires
     finished samples). The per-step rows hold accuracy and confidence after every
     iteration t <= 2 T(n)."""
-    from .stopping import default_t_max, parse_rule, readout, trace
 
     rules = [None if stop is None else parse_rule(stop) for stop in stops]
     task_metrics = (lambda pred, b: task.metrics(pred, b)) if task.metric_names else None
@@ -210,7 +211,6 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     if per_step and not method.has_stop_rules:
         raise UserError(f"--per-step applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
     if method.has_stop_rules:
-        from .stopping import parse_rule
         stops = list(dict.fromkeys(stops or ["oracle"]))  # a rule given twice is evaluated once
         try:
             for stop in stops:

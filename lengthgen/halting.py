@@ -27,6 +27,7 @@ extrapolate, docs/results.md).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -61,7 +62,7 @@ def _token_rows(batch: Batch, order: Tensor, layout: Packed) -> tuple[Tensor, Te
     """(scored (capacity,) bool, row (capacity,) long) of each packed token; padding rows
     past the last token are unscored and belong to a row index past the last row."""
     scored = layout.unpad(batch.scored[order, :layout.width, None].float())[:, 0] > 0
-    widths = torch.tensor([w for rows, w in layout.runs for _ in range(rows)], device=scored.device)
+    widths = torch.tensor(layout.widths, device=scored.device)
     row = torch.repeat_interleave(torch.arange(layout.rows, device=scored.device), widths)
     row = F.pad(row, (0, layout.capacity - layout.tokens), value=layout.rows)
     return scored, row
@@ -69,10 +70,7 @@ def _token_rows(batch: Batch, order: Tensor, layout: Packed) -> tuple[Tensor, Te
 
 def _row_ends(layout: Packed) -> list[int]:
     """ends[r]: one past the last token of row r - 1 (ends[0] = 0)."""
-    ends = [0]
-    for rows, w in layout.runs:
-        ends += [ends[-1] + w * (i + 1) for i in range(rows)]
-    return ends
+    return [0, *itertools.accumulate(layout.widths)]
 
 
 def halt_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:

@@ -173,7 +173,7 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
              summary(agg, factors, metric)]
     if metric == "accuracy" and any(math.isfinite(a.get("stop_step", math.nan)) for a in agg):
-        text += [f"Mean read-out iteration (`stop_step`) at the same lengths, for the series with a stop rule. "
+        text += ["Mean read-out iteration (`stop_step`) at the same lengths, for the series with a stop rule. "
                  "For the oracle it is T(n). The first-firing rules (`halt`, `first-confident`) run each sample "
                  "that many iterations; the argmin rules run every sample to their search bound.", "",
                  summary(agg, factors, "stop_step", ratio=False)]

@@ -12,7 +12,7 @@ confident at t than at their right step, and how many of those are wrong at t.
 """
 from lengthgen.evaluate import eval_generator
 from lengthgen.looped import per_sample_steps
-from lengthgen.stopping import trace
+from lengthgen.stop_passes import trace
 from run_args import open_run
 
 folder, lengths, cfg, task, method, model = open_run("confidence_ranks", [12, 24], looped=True)

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import presets, stopping
+from lengthgen import presets, stop_passes, stopping
 from lengthgen.errors import UserError
 from lengthgen.looped import looped_loss, per_sample_steps
 from lengthgen.methods import get_method
 from lengthgen.tasks import get_task
-from test_looped import MIXED, Scripted, mixed_batch, scripted_case
+from test_looped import Scripted, mixed_batch, scripted_case
 
 
 def build(method, weight=1.0, seed=0):
@@ -94,12 +94,12 @@ def test_halt_stops_at_the_first_positive_logit_else_the_largest():
     batch, model = scripted_case([[0.3] * 3] * 4)
     model = ScriptedHalt(model.table, [[-1.0, 2.0, -3.0], [0.5, -1.0, -0.5], [2.0, 1.0, -2.0], [-1.0, 3.0, -1.0]])
     stats = {}
-    pred, steps = stopping.per_sample_search(model, batch, 4, stopping._judge_halt, stats=stats)
+    pred, steps = stop_passes.per_sample_search(model, batch, 4, stop_passes._judge_halt, stats=stats)
     assert steps.tolist() == [2, 1, 2]  # sample 2 never fires: its largest logit, -0.5 at t = 2
     assert stats["sample_steps"] == 2 + 1 + 4  # a sample stops iterating where it fires
     for b, t in enumerate(steps.tolist()):
         assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
-    tr = stopping.trace(model, batch, 4)
+    tr = stop_passes.trace(model, batch, 4)
     values, read = stopping.readout(tr, batch, "halt:4")
     assert torch.equal(read, steps)
 
@@ -120,10 +120,10 @@ def spread_case(conf):
 def test_first_confident_stops_below_log_2_else_at_the_most_confident():
     conf = [[1.0, 0.9, 1.7], [0.5, 0.8, 1.5], [0.2, 0.1, 1.2], [0.6, 0.05, 1.1]]
     batch, model = spread_case(conf)
-    assert torch.allclose(stopping.trace(model, batch, 4).confidence, torch.tensor(conf, dtype=torch.float64))
-    pred, steps = stopping.first_confident(model, batch, 4)
+    assert torch.allclose(stop_passes.trace(model, batch, 4).confidence, torch.tensor(conf, dtype=torch.float64))
+    pred, steps = stop_passes.first_confident(model, batch, 4)
     assert steps.tolist() == [2, 3, 4]  # 0.5 < log 2 at t = 2; 0.1 at t = 3; never: argmin 1.1 at t = 4
-    tr = stopping.trace(model, batch, 4)
+    tr = stop_passes.trace(model, batch, 4)
     assert torch.equal(stopping.readout(tr, batch, "first-confident:4")[1], steps)
     for b, t in enumerate(steps.tolist()):
         assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
@@ -133,13 +133,13 @@ def test_rules_on_a_real_halting_model_match_the_trace():
     _, model = build("looped-halt")
     model.eval()
     batch = mixed_batch()
-    tr = stopping.trace(model, batch, 16)
+    tr = stop_passes.trace(model, batch, 16)
     for rule in ("halt", "halt:+3", "first-confident", "first-confident:9"):
         values, steps = stopping.readout(tr, batch, rule)
         pred, want = stopping.predict_stop(model, batch, rule)
         assert torch.equal(steps, want), rule
         assert torch.equal(values["accuracy"], ((pred == batch.targets) | ~batch.scored).all(1)), rule
-    assert stopping.readout(stopping.trace(build("looped")[1].eval(), batch, 16), batch, "halt") is None
+    assert stopping.readout(stop_passes.trace(build("looped")[1].eval(), batch, 16), batch, "halt") is None
 
 
 def test_halt_needs_a_halting_head(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import methods, presets, stopping
+from lengthgen import methods, presets, stop_passes, stopping
 from lengthgen.attention import Packed
 from lengthgen.looped import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.positions import SCHEMES
@@ -201,7 +201,7 @@ CONF = [[0.5, 0.6, 0.3], [0.2, 0.4, 0.35], [0.3, 0.1, 0.36], [0.4, 0.3, 0.1]]  #
 
 def test_confidence_per_batch_picks_one_argmin_step():
     batch, model = scripted_case(CONF)
-    pred, steps = stopping.confidence(model, batch, 4)
+    pred, steps = stop_passes.confidence(model, batch, 4)
     means = [sum(row) / 3 for row in CONF]  # every sample has 2 scored positions: plain mean
     best = min(range(4), key=lambda t: means[t]) + 1
     assert steps.tolist() == [best] * 3
@@ -210,7 +210,7 @@ def test_confidence_per_batch_picks_one_argmin_step():
 
 def test_confidence_per_sample_picks_each_argmin():
     batch, model = scripted_case(CONF)
-    pred, steps = stopping.confidence_per_sample(model, batch, 4)
+    pred, steps = stop_passes.confidence_per_sample(model, batch, 4)
     assert steps.tolist() == [2, 3, 4]
     for b, t in enumerate(steps.tolist()):
         assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
@@ -222,15 +222,15 @@ def test_confidence_separates_steps_a_float32_softmax_rounds_to_zero():
     conf = [[1e-9, 0.3, 0.5], [1e-12, 0.2, 0.5], [1e-10, 0.1, 1e-15]]
     batch, model = scripted_case(conf)
     assert float(-torch.log_softmax(model.table[0, 0], -1).max(-1).values.max()) == 0.0
-    _, steps = stopping.confidence_per_sample(model, batch, 3)
+    _, steps = stop_passes.confidence_per_sample(model, batch, 3)
     assert steps.tolist() == [2, 3, 3]
-    tr = stopping.trace(model, batch, 3)
+    tr = stop_passes.trace(model, batch, 3)
     assert torch.allclose(tr.confidence, torch.tensor(conf, dtype=torch.float64), rtol=1e-3, atol=0)
 
 
 def test_fixed_and_oracle_steps():
     batch, model = scripted_case(CONF)
-    pred, steps = stopping.fixed(model, batch, 3)
+    pred, steps = stop_passes.fixed(model, batch, 3)
     assert steps.tolist() == [3, 3, 3] and torch.equal(pred, model.table[2].argmax(-1))
     real = tiny().eval()
     pred, steps = stopping.predict_stop(real, mixed_batch(), "oracle")
@@ -242,17 +242,17 @@ def test_retirement_exact_rules_keep_the_result():
     # sample 0 reaches confidence 0 at t=2 (exact retirement); unimodal rows suit patience=1
     conf = [[0.5, 0.6, 0.3], [0.0, 0.4, 0.2], [0.3, 0.1, 0.25], [0.4, 0.3, 0.28], [0.1, 0.5, 0.3]]
     batch, model = scripted_case(conf)
-    plain, _ = stopping.confidence_per_sample(model, batch, 5)
+    plain, _ = stop_passes.confidence_per_sample(model, batch, 5)
     for patience, cost in ((None, 5 + 5 + 5 - 3), (1, 2 + 4 + 3)):
         stats = {}
-        pred, steps = stopping.confidence_per_sample(model, batch, 5, patience, stats)
+        pred, steps = stop_passes.confidence_per_sample(model, batch, 5, patience, stats)
         assert steps.tolist() == [2, 3, 2] and torch.equal(pred, plain)
         assert stats["sample_steps"] == cost
 
 
 def test_trace_record_and_rule_parsing():
     batch, model = scripted_case(CONF)
-    tr = stopping.trace(model, batch, 4)
+    tr = stop_passes.trace(model, batch, 4)
     exact, conf = tr.exact, tr.confidence
     assert exact.shape == conf.shape == (4, 3)
     assert torch.allclose(conf, torch.tensor(CONF, dtype=torch.float64), atol=1e-4)
@@ -347,7 +347,7 @@ def test_baselines_loss_drops(name):
 
 def test_rules_read_from_one_trace_match_their_own_passes():
     batch, model = scripted_case(CONF)
-    tr = stopping.trace(model, batch, 4)
+    tr = stop_passes.trace(model, batch, 4)
     for rule in ("fixed:3", "confidence", "confidence:2", "confidence-per-sample", "confidence-per-sample:3"):
         if stopping.steps_needed(batch, rule) > 4:
             assert stopping.readout(tr, batch, rule) is None  # the default search bound 2 T(n) is 8 here
@@ -358,7 +358,7 @@ def test_rules_read_from_one_trace_match_their_own_passes():
         assert torch.equal(values["accuracy"], ((pred == batch.targets) | ~batch.scored).all(1)), rule
     assert stopping.readout(tr, batch, "confidence-per-sample:4:1") is None  # patience needs its own pass
     model, batch = tiny().eval(), mixed_batch()  # a real model, samples of several lengths
-    tr = stopping.trace(model, batch, 16)  # 2 T(n) of the longest
+    tr = stop_passes.trace(model, batch, 16)  # 2 T(n) of the longest
     for rule in ("oracle", "fixed:5", "confidence", "confidence:6", "confidence-per-sample", "confidence-per-sample:9",
                  "confidence:+3", "confidence-per-sample:+8"):
         values, steps = stopping.readout(tr, batch, rule)
@@ -371,11 +371,11 @@ def test_rules_read_from_one_trace_match_their_own_passes():
 
 def test_rules_on_a_real_model_agree_with_the_per_step_record():
     model, batch = tiny().eval(), mixed_batch()
-    tr = stopping.trace(model, batch, 12)
+    tr = stop_passes.trace(model, batch, 12)
     exact, conf = tr.exact, tr.confidence
-    _, steps = stopping.confidence_per_sample(model, batch, 12)
+    _, steps = stop_passes.confidence_per_sample(model, batch, 12)
     assert torch.equal(steps, conf.argmin(0) + 1)
-    _, steps = stopping.confidence(model, batch, 12)
+    _, steps = stop_passes.confidence(model, batch, 12)
     tokens = batch.scored.sum(1)
     assert steps.unique().tolist() == [int(((conf * tokens).sum(1)).argmin()) + 1]
     method = get_method("looped")
@@ -391,7 +391,7 @@ def test_a_model_with_nan_logits_stops_at_step_1_under_every_rule():
     model, batch = tiny().eval(), mixed_batch()
     with torch.no_grad():
         model.lm_head.weight[0, 0] = float("nan")
-    tr = stopping.trace(model, batch, 16)
+    tr = stop_passes.trace(model, batch, 16)
     for rule in ("confidence", "confidence-per-sample", "confidence-per-sample:16:2"):
         _, steps = stopping.predict_stop(model, batch, rule)
         assert steps.tolist() == [1] * len(batch), rule
