@@ -34,7 +34,7 @@ install: $(VENV)/.installed corpus
 # in parallel (three single-thread jobs share two cores best), then evaluated and reported.
 # Finished runs are kept, so an interrupted demo continues where it stopped.
 demo: install
-	$(BIN)/lengthgen reproduce looped --tasks parity --arms looped,looped-halt,ntp --seeds 1 --workers 3 --out $(DEMO)
+	$(BIN)/lengthgen reproduce looped --tasks parity --arms looped,looped-halt-probe,ntp --seeds 1 --workers 3 --out $(DEMO)
 	@echo "demo report: $(DEMO)/report.md (figures beside it)"
 
 test: install

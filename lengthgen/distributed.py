@@ -140,7 +140,8 @@ class Ranks:
         loss_of = MethodLoss(method, model)
         if self.world == 1:
             return loss_of
-        # the only buffers are constant position tables, built alike by every process: no sync per step
+        # the only buffers are constant position tables (and a halting probe's statistics, set after the
+        # last step), built alike by every process: no sync per step
         ddp = torch.nn.parallel.DistributedDataParallel
         newer = "forward_sync_buffers" in inspect.signature(ddp).parameters  # torch >= 2.13's name
         return ddp(loss_of, **({"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}))

@@ -22,13 +22,20 @@ block passes:
 
 Both add `train.halt_loss_weight` times their loss to the answer loss; the
 halting head's gradient reaches the block too, so the model can learn to
-represent "done" (a head fitted afterwards on a frozen model's states did not
-extrapolate, docs/results.md).
+represent "done".
+
+- `looped-halt-probe`: the block trains as plain `looped` (bit for bit: the
+  head has no loss during training), and a halting probe is fitted once
+  training ends, on the frozen model's states (`fit_halt_probe`): an MLP on the
+  mean state over the answer and over the question, "done" at every t >= T_i.
+  The model keeps its oracle accuracy by construction; the probe finds
+  whatever "done" the states already hold.
 """
 from __future__ import annotations
 
 import itertools
 import math
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -36,26 +43,104 @@ from torch import Tensor, nn
 
 from .attention import Packed
 from .config import ModelConfig
-from .looped import LoopedTransformer
+from .looped import LoopedTransformer, per_sample_steps
 from .positions import PositionalScheme
+from .stop_passes import start_blanked
 from .tasks import Batch
 
 
 class HaltingLooped(LoopedTransformer):
-    """A looped transformer with a halting head. The head is built after the
-    rest of the model, so the other weights start as those of a plain looped
-    model of the same seed."""
+    """A looped transformer with a halting head: one linear unit per answer position
+    (`looped-halt`), or a HaltProbe (`looped-halt-probe`). The head is built after the
+    rest of the model, so the other weights start as those of a plain looped model of
+    the same seed."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, injection: bool = True,
-                 scheme: PositionalScheme | None = None):
+                 scheme: PositionalScheme | None = None, probe: bool = False):
         super().__init__(cfg, vocab_size, injection, scheme)
-        self.halt_head = nn.Linear(cfg.d_model, 1)
+        self.halt_head = HaltProbe(cfg.d_model) if probe else nn.Linear(cfg.d_model, 1)
 
     def halt_logits(self, h: Tensor, scored: Tensor) -> Tensor:
-        """(B, L, D) states, (B, L) bool -> (B,) each sample's halting logit: the mean of the
-        head over its scored positions (> 0: done)."""
+        """(B, L, D) states, (B, L) bool -> (B,) each sample's halting logit (> 0: done):
+        the probe on its pooled states, or the mean of the linear head over its scored positions."""
+        if isinstance(self.halt_head, HaltProbe):
+            return self.halt_head(pooled_states(h, scored)).float()
         z = self.halt_head(h)[..., 0].float()
         return (z * scored).sum(1) / scored.sum(1).clamp(min=1)
+
+
+class HaltProbe(nn.Module):
+    """An MLP (one hidden layer of 128) on pooled states (2D,), standardised by the
+    statistics of the states it was fitted on."""
+
+    def __init__(self, d_model: int, hidden: int = 128):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(2 * d_model))
+        self.register_buffer("std", torch.ones(2 * d_model))
+        self.net = nn.Sequential(nn.Linear(2 * d_model, hidden), nn.GELU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., 2D) -> (...,)
+        return self.net((x.float() - self.mean) / self.std)[..., 0]
+
+
+def pooled_states(h: Tensor, scored: Tensor) -> Tensor:
+    """(B, L, D), (B, L) bool -> (B, 2D): the mean state over the answer (scored positions)
+    and over the question up to and including its '=', the first scored position. The '='
+    matters: with NoPE every token of "000" has the state of "0", and only the '=' state,
+    weighted 1/(n + 1) in the mean, makes the question's mean depend on its length."""
+    L = scored.shape[1]
+    first = torch.where(scored.any(1), scored.float().argmax(1), L)
+    question = torch.arange(L, device=scored.device)[None] <= first[:, None]
+    return torch.cat([(h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1) for m in (scored, question)], -1)
+
+
+PROBE_EXTRA = 4  # iterations past T(n) in the probe's data: "done" must hold after the right step too
+
+
+@torch.no_grad()
+def probe_data(model: LoopedTransformer, batch: Batch, extra: int = PROBE_EXTRA) -> tuple[Tensor, Tensor]:
+    """(T, B, 2D) pooled states after iterations 1 .. max T_i + extra, and (T, B) bool: t >= T_i."""
+    (h, e, pos), w = start_blanked(model, batch)
+    scored, steps, feats = batch.scored[:, :w], per_sample_steps(batch), []
+    for _ in range(int(steps.max()) + extra):
+        h = model.step(h, e, pos)
+        feats.append(pooled_states(h, scored).float())
+    t = torch.arange(1, len(feats) + 1, device=steps.device)[:, None]
+    return torch.stack(feats), t >= steps[None]
+
+
+PROBE_SAMPLES = 256  # samples per training length the probe is fitted on
+
+
+def fit_probe_on_lengths(model: LoopedTransformer, task, lengths: range, device: torch.device) -> HaltProbe:
+    """fit_halt_probe on PROBE_SAMPLES fresh samples of each length (seeded by the length:
+    not the test seed's samples)."""
+    return fit_halt_probe(model, [task.sample(PROBE_SAMPLES, n, torch.Generator().manual_seed(n)).to(device)
+                                  for n in lengths])
+
+
+def fit_halt_probe(model: LoopedTransformer, batches: Iterable[Batch], steps: int = 1000, lr: float = 1e-2,
+                   seed: int = 0) -> HaltProbe:
+    """A HaltProbe fitted on a frozen model's states: full-batch Adam on the balanced binary
+    cross-entropy of "done" (t >= T_i) over every iteration up to T_i + PROBE_EXTRA of the
+    samples given (the training lengths)."""
+    xs, ys = zip(*(probe_data(model, b) for b in batches))
+    x = torch.cat([a.flatten(0, 1) for a in xs])
+    y = torch.cat([a.flatten() for a in ys]).float()
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+        torch.manual_seed(seed)
+        probe = HaltProbe(x.shape[1] // 2).to(x.device)
+    probe.mean.copy_(x.mean(0))
+    probe.std.copy_(x.std(0) + 1e-6)
+    optimizer = torch.optim.Adam(probe.parameters(), lr)
+    weight = (1 - y).sum() / y.sum().clamp(min=1)
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = F.binary_cross_entropy_with_logits(probe(x), y, pos_weight=weight)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return probe.requires_grad_(False)
 
 
 def _token_rows(batch: Batch, order: Tensor, layout: Packed) -> tuple[Tensor, Tensor]:

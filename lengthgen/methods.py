@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from .config import Config
 from .model import Transformer
-from .halting import HaltingLooped, halt_loss, uncertain_loss
+from .halting import HaltingLooped, fit_probe_on_lengths, halt_loss, uncertain_loss
 from .looped import LoopedTransformer, looped_loss, oracle_logits
 from .tasks import BLANK, IGNORE, PAD, Batch, Task
 
@@ -49,6 +49,7 @@ class Method:
     `needs_target_ids`: the method learns the next token's position ID (`Batch.target_ids`),
     so the task must supply coupled IDs;
     `model_batch(batch)`: the batch as the model reads it (for sizing position tables);
+    `finish(model, cfg, task, device)`: work on the trained model before its last checkpoint;
     `metric_names` / `metrics(model, batch)`: the method's own evaluation metrics, per sample."""
 
     name = ""
@@ -68,6 +69,9 @@ class Method:
 
     def model_batch(self, batch: Batch) -> Batch:
         return batch
+
+    def finish(self, model: nn.Module, cfg: Config, task: Task, device: torch.device) -> None:
+        """Called once when training ends, before the last checkpoint is written."""
 
     def logits(self, model: nn.Module, batch: Batch) -> Tensor:  # (B, L, V)
         raise NotImplementedError
@@ -129,6 +133,26 @@ class LoopedHalt(Looped):
 
     def loss(self, model, batch):
         return looped_loss(model, batch, self.loss_scheme, halt_loss)
+
+
+class LoopedHaltProbe(Looped):
+    """Plain `looped` training (the head has no loss, so the block trains bit for bit as
+    `looped`), then a halting probe fitted on the frozen model's states at the training
+    lengths (lengthgen.halting.fit_halt_probe); the `halt` stop rule reads it."""
+    name = "looped-halt-probe"
+    has_halt_head = True
+
+    def build_model(self, cfg, task):  # no gradient for the probe while the block trains (nor DDP's reduction)
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, probe=True)
+        model.halt_head.requires_grad_(False)
+        return model
+
+    def finish(self, model, cfg, task, device):
+        was_training = model.training
+        model.eval()
+        lengths = range(cfg.task.train_min, cfg.task.train_max + 1)
+        model.halt_head.load_state_dict(fit_probe_on_lengths(model, task, lengths, device).state_dict())
+        model.train(was_training)
 
 
 class LoopedUncertain(Looped):
@@ -256,7 +280,8 @@ def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
 
 METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
                                     "looped-wo-injection": LoopedNoInjection,
-                                    "looped-halt": LoopedHalt, "looped-uncertain": LoopedUncertain,
+                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe,
+                                    "looped-uncertain": LoopedUncertain,
                                     "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
                                     "ppc": PredictivePositionCoupling}
 

@@ -53,7 +53,7 @@ def _confidences(logits: Tensor, scored: Tensor) -> tuple[Tensor, float]:
     return sums / counts.clamp(min=1), float(sums.sum() / counts.sum())
 
 
-def _start(model, batch: Batch):
+def start_blanked(model, batch: Batch):
     """h_0, e, pos of the blanked batch trimmed to its widest scored region."""
     w = int(scored_width(batch).max())
     pos = batch.position_ids[:, :w] if batch.position_ids is not None else None
@@ -73,7 +73,7 @@ def oracle(model, batch: Batch) -> tuple[Tensor, Tensor]:
 @torch.no_grad()
 def fixed(model, batch: Batch, n: int) -> tuple[Tensor, Tensor]:
     """Every sample read out after exactly n iterations."""
-    (h, e, pos), _ = _start(model, batch)
+    (h, e, pos), _ = start_blanked(model, batch)
     for _ in range(n):
         h = model.step(h, e, pos)
     pred = _full(model.read(h).argmax(-1), batch.inputs.shape[1])
@@ -84,7 +84,7 @@ def fixed(model, batch: Batch, n: int) -> tuple[Tensor, Tensor]:
 def confidence(model, batch: Batch, t_max: int) -> tuple[Tensor, Tensor]:
     """Published rule: one step t* for the whole batch, the argmin over t <= t_max
     of the confidence loss averaged over all the batch's answer positions."""
-    (h, e, pos), w = _start(model, batch)
+    (h, e, pos), w = start_blanked(model, batch)
     scored = batch.scored[:, :w]
     best, pred, best_t = math.inf, None, 0
     for t in range(1, t_max + 1):
@@ -131,7 +131,7 @@ def per_sample_search(model, batch: Batch, t_max: int, judge, patience: int | No
     the earliest step. `stats["sample_steps"]` (if a dict is given) gets the iterations run
     summed over samples."""
     B, L = batch.inputs.shape
-    (h, e, pos), _ = _start(model, batch)
+    (h, e, pos), _ = start_blanked(model, batch)
     scored, width = batch.scored, scored_width(batch)
     best = torch.full((B,), math.inf, dtype=confidence_dtype(h.device), device=h.device)
     steps = torch.zeros(B, dtype=torch.long, device=h.device)
@@ -206,7 +206,7 @@ def trace(model, batch: Batch, t_max: int, metrics: Callable | None = None) -> T
     """Run every sample t_max iterations and score each read-out: one pass from which
     `readout` takes any number of rules and `eval --per-step` its curve. `metrics`
     (pred (B, L), batch) -> {name: (B,)} adds a task's own metrics (Task.metrics)."""
-    (h, e, pos), w = _start(model, batch)
+    (h, e, pos), w = start_blanked(model, batch)
     scored, targets = batch.scored[:, :w], batch.targets[:, :w]
     exact, token, conf, batch_conf, extra, halts = [], [], [], [], [], []
     for _ in range(t_max):

@@ -158,7 +158,7 @@ class Halt(StopRule):
 
     def check(self, method):
         if not method.has_halt_head:
-            raise ValueError(f"stop rule halt reads a halting head: train with method looped-halt, not {method.name}")
+            raise ValueError(f"stop rule halt reads a halting head: train with method looped-halt or looped-halt-probe, not {method.name}")
         return self
 
     def run(self, model, batch):

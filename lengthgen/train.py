@@ -274,6 +274,9 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
             window_steps += 1
             window_samples += sum(map(len, batches))
             last = step == tr.steps
+            if last:  # e.g. fit a probe on the trained model, in the weights that are tested
+                for trained in (model, ema) if ema is not None else (model,):
+                    method.finish(trained, cfg, task, device)
             if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last:
                 # every process's losses and samples (the same tensors in a single process)
                 losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import presets, stop_passes, stopping
+from lengthgen import halting, presets, stop_passes, stopping
 from lengthgen.errors import UserError
 from lengthgen.looped import looped_loss, per_sample_steps
 from lengthgen.methods import get_method
@@ -179,3 +179,95 @@ def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
         oracle, _ = method.predict_stop(model, batch, "oracle")
         same = ((pred == oracle) | ~batch.scored).all(1).float().mean()
         assert float((steps == n).float().mean()) >= 0.9 and float(same) >= 0.9, (n, steps.tolist()[:10], same)
+
+
+def test_pooled_states_are_the_answer_and_question_means():
+    h = torch.randn(2, 6, 3)
+    scored = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 1, 0, 1, 0, 0]], dtype=torch.bool)
+    pooled = halting.pooled_states(h, scored)
+    assert torch.allclose(pooled[0], torch.cat([h[0, 3:5].mean(0), h[0, :4].mean(0)]))  # the question and its '='
+    assert torch.allclose(pooled[1], torch.cat([h[1, [1, 3]].mean(0), h[1, :2].mean(0)]))
+
+
+def test_probe_data_labels_done_from_t_n_on():
+    _, model = build("looped-halt-probe")
+    batch = mixed_batch()
+    x, done = halting.probe_data(model.eval(), batch)
+    T = per_sample_steps(batch)
+    assert x.shape[:2] == done.shape == (int(T.max()) + halting.PROBE_EXTRA, len(batch))
+    assert done.sum(0).tolist() == (len(x) + 1 - T).tolist()  # t = T_i .. the last
+    tr = stop_passes.trace(model, batch, len(x))  # the probe's logits on these states are the rule's
+    assert torch.allclose(model.halt_head(x), tr.halt.float(), atol=1e-5)
+
+
+class Counter:
+    """Stand-in looped model whose state is (T_i, t) at every position."""
+
+    def __init__(self, steps):
+        self.steps = steps.float()
+
+    def start(self, inputs, position_ids=None):
+        h = torch.zeros(*inputs.shape, 2)
+        h[..., 0] = self.steps[:, None]
+        return h, None, None
+
+    def step(self, h, e, pos):
+        return h + torch.tensor([0.0, 1.0])
+
+
+def test_probe_fits_a_separable_signal():
+    """States that say t and T_i: the fitted probe must call "done" exactly from T_i on."""
+    batch = get_task("parity").sample(6, torch.tensor([1, 2, 3, 4, 5, 6]), torch.Generator().manual_seed(0))
+    model = Counter(per_sample_steps(batch))
+    probe = halting.fit_halt_probe(model, [batch], steps=300)
+    x, done = halting.probe_data(model, batch)
+    assert torch.equal(probe(x) > 0, done)
+
+
+def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
+    """The same seeds with a tight clip (it scales every step): with the probe's parameters in the
+    block's clipped norm, its weight decay, or a loss of its own, the weights would differ."""
+    from safetensors.torch import load_file
+    from lengthgen.train import train
+    weights = {}
+    for name in ("looped", "looped-halt-probe"):
+        cfg = presets.load(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
+                                  "model.d_model=32", "model.n_head=2", "train.steps=12", "train.grad_clip=0.05",
+                                  "train.curriculum_start=2", "train.curriculum_interval=3", "train.device=cpu",
+                                  "train.length_sampling=per_sample", "train.checkpoint_interval=12"])
+        train(cfg, tmp_path / name, progress=False)
+        weights[name] = load_file(next((tmp_path / name).glob("checkpoints/*/model.safetensors")))
+    plain, probed = weights["looped"], weights["looped-halt-probe"]
+    assert set(probed) - set(plain) and all(k.startswith("halt_head.") for k in set(probed) - set(plain))
+    for key, value in plain.items():
+        assert torch.equal(probed[key], value), key
+    assert float(probed["halt_head.std"].sub(1).abs().sum()) > 0  # fitted after the last step
+
+
+def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
+    """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
+    training lengths (whether it does beyond them is docs/results.md's question)."""
+    from lengthgen.evaluate import load_run, eval_batches
+    from lengthgen.train import train
+    cfg = presets.load(None, [
+        "method=looped-halt-probe", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
+        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", "train.steps=1500", "train.lr=1e-3",
+        "train.batch_size=32", "train.warmup_steps=50", "train.curriculum_start=2", "train.curriculum_interval=40",
+        "train.log_interval=500", "train.checkpoint_interval=1500", "train.device=cpu"])
+    train(cfg, tmp_path / "run", progress=False)
+    _, task, method, model, _ = load_run(tmp_path / "run", torch.device("cpu"))
+    for n in (2, 4, 6):
+        batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
+        _, steps = method.predict_stop(model, batch, "halt")
+        assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
+
+
+def test_probe_is_fitted_in_the_ema_weights_too(tmp_path):
+    from safetensors.torch import load_file
+    from lengthgen.train import train
+    cfg = presets.load(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
+                              "model.d_model=16", "model.n_head=2", "train.steps=2", "train.ema=0.9", "train.device=cpu"])
+    train(cfg, tmp_path / "run", progress=False)
+    for name in ("model", "ema"):
+        weights = load_file(next((tmp_path / "run").glob(f"checkpoints/*/{name}.safetensors")))
+        assert float(weights["halt_head.std"].sub(1).abs().sum()) > 0, name
