@@ -160,19 +160,27 @@ def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
         evaluate_run(tmp_path / "run", [2], 8, stops=["oracle", "halt"], progress=False)
 
 
+def train_tiny_parity(folder, method, steps, warmup):
+    """(task, method, model) of a tiny Parity run on lengths up to 6, trained into `folder`."""
+    from lengthgen.evaluate import load_run
+    from lengthgen.train import train
+    cfg = presets.load(None, [
+        f"method={method}", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
+        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "train.lr=1e-3",
+        "train.batch_size=32", f"train.warmup_steps={warmup}", "train.curriculum_start=2",
+        "train.curriculum_interval=40", f"train.log_interval={steps // 2}", f"train.checkpoint_interval={steps}",
+        "train.device=cpu"])
+    train(cfg, folder, progress=False)
+    _, task, method, model, _ = load_run(folder, torch.device("cpu"))
+    return task, method, model
+
+
 def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
     """A tiny Parity run: the halting head must fire at T(n) on the training lengths, so the
     rule reads out what the oracle reads out (whether the answer itself is learnt yet is
     test_looped_learns_parity's question)."""
-    from lengthgen.evaluate import load_run, eval_batches
-    from lengthgen.train import train
-    cfg = presets.load(None, [
-        "method=looped-halt", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
-        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", "train.steps=600", "train.lr=1e-3",
-        "train.batch_size=32", "train.warmup_steps=20", "train.curriculum_start=2", "train.curriculum_interval=40",
-        "train.log_interval=300", "train.checkpoint_interval=600", "train.device=cpu"])
-    train(cfg, tmp_path / "run", progress=False)
-    _, task, method, model, _ = load_run(tmp_path / "run", torch.device("cpu"))
+    from lengthgen.evaluate import eval_batches
+    task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt", 600, 20)
     for n in (2, 4, 6):
         batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
         pred, steps = method.predict_stop(model, batch, "halt")
@@ -247,15 +255,8 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
 def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
     """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
     training lengths (whether it does beyond them is docs/results.md's question)."""
-    from lengthgen.evaluate import load_run, eval_batches
-    from lengthgen.train import train
-    cfg = presets.load(None, [
-        "method=looped-halt-probe", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
-        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", "train.steps=1500", "train.lr=1e-3",
-        "train.batch_size=32", "train.warmup_steps=50", "train.curriculum_start=2", "train.curriculum_interval=40",
-        "train.log_interval=500", "train.checkpoint_interval=1500", "train.device=cpu"])
-    train(cfg, tmp_path / "run", progress=False)
-    _, task, method, model, _ = load_run(tmp_path / "run", torch.device("cpu"))
+    from lengthgen.evaluate import eval_batches
+    task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt-probe", 1500, 50)
     for n in (2, 4, 6):
         batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
         _, steps = method.predict_stop(model, batch, "halt")
