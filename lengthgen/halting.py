@@ -112,11 +112,12 @@ def probe_data(model: LoopedTransformer, batch: Batch, extra: int = PROBE_EXTRA)
 PROBE_SAMPLES = 256  # samples per training length the probe is fitted on
 
 
-def fit_probe_on_lengths(model: LoopedTransformer, task, lengths: range, device: torch.device) -> HaltProbe:
+def fit_probe_on_lengths(model: LoopedTransformer, task, lengths: range, device: torch.device,
+                         steps: int = 1000) -> HaltProbe:
     """fit_halt_probe on PROBE_SAMPLES fresh samples of each length (seeded by the length:
     not the test seed's samples)."""
     return fit_halt_probe(model, [task.sample(PROBE_SAMPLES, n, torch.Generator().manual_seed(n)).to(device)
-                                  for n in lengths])
+                                  for n in lengths], steps)
 
 
 def fit_halt_probe(model: LoopedTransformer, batches: Iterable[Batch], steps: int = 1000, lr: float = 1e-2,
@@ -126,21 +127,29 @@ def fit_halt_probe(model: LoopedTransformer, batches: Iterable[Batch], steps: in
     samples given (the training lengths)."""
     xs, ys = zip(*(probe_data(model, b) for b in batches))
     x = torch.cat([a.flatten(0, 1) for a in xs])
-    y = torch.cat([a.flatten() for a in ys]).float()
     with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
         torch.manual_seed(seed)
         probe = HaltProbe(x.shape[1] // 2).to(x.device)
     probe.mean.copy_(x.mean(0))
     probe.std.copy_(x.std(0) + 1e-6)
-    optimizer = torch.optim.Adam(probe.parameters(), lr)
+    train_probe(lambda: [probe(x)], [torch.cat([a.flatten() for a in ys])], probe.parameters(), steps, lr)
+    return probe.requires_grad_(False)
+
+
+def train_probe(logits, labels: list[Tensor], params, steps: int = 1000, lr: float = 1e-2) -> None:
+    """Full-batch Adam on the balanced binary cross-entropy of `logits()` (a list of tensors,
+    one per group of samples) against `labels` (bool, the same shapes): "done" and "not done"
+    weigh the same however many of each there are."""
+    y = torch.cat([a.flatten() for a in labels]).float()
     weight = (1 - y).sum() / y.sum().clamp(min=1)
+    optimizer = torch.optim.Adam(params, lr)
     with torch.enable_grad():
         for _ in range(steps):
-            loss = F.binary_cross_entropy_with_logits(probe(x), y, pos_weight=weight)
+            z = torch.cat([a.flatten() for a in logits()])
+            loss = F.binary_cross_entropy_with_logits(z, y, pos_weight=weight)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    return probe.requires_grad_(False)
 
 
 def _token_rows(batch: Batch, order: Tensor, layout: Packed) -> tuple[Tensor, Tensor]:

@@ -57,15 +57,18 @@ def test_parity_scripts_run_on_a_looped_parity_run(runs):
     assert 0 <= share <= 1
 
 
-def test_halting_probe_reports_where_it_stops(runs):
-    out = run_script("halting_probe.py", str(runs / "parity"), "5", "6")
+def test_halting_probe_reports_where_each_probe_stops(runs):
+    out = run_script("halting_probe.py", str(runs / "parity"), "5", "6", "--steps", "30")  # 30: cheap, not fitted
     assert out.returncode == 0, out.stderr
-    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if re.match(r"\| \d", line)]
-    assert [int(r[0]) for r in rows] == [4, 5, 6]  # the training maximum, then the lengths asked for
-    for _, at_t, probe, oracle in rows:
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if re.match(r"\| [a-z]", line)][1:]
+    # every probe, at the training maximum, then the lengths asked for
+    assert [(r[0].strip(), int(r[1])) for r in rows] == [(p, n) for p in ("mlp", "linear", "mlp+change", "token-min")
+                                                         for n in (4, 5, 6)]
+    for _, n, at_t, probe, oracle, step in rows:
         assert all(0 <= float(v) <= 1 for v in (at_t, probe, oracle))
         # stopping at T(n) gives the oracle's read-out: the two exact matches differ by no more than the misses
         assert abs(float(probe) - float(oracle)) <= 1 - float(at_t) + 1e-3
+        assert 1 <= float(step) <= 2 * int(n)  # within the `halt` rule's window (Parity: T(n) = n)
 
 
 def answer_position_rows(run: Path, *lengths: str) -> list[tuple[int, float, list[float]]]:
@@ -93,6 +96,7 @@ def test_answer_positions_cover_the_answer_and_bound_the_exact_match(runs):
     ("multiplication_by_a.py", ["nowhere"], "does not exist"),
     ("confidence_ranks.py", ["mult-ntp"], "confidence_ranks needs a looped one"),
     ("halting_probe.py", ["mult-ntp"], "halting_probe needs a looped one"),
+    ("halting_probe.py", ["parity", "--steps", "x"], "--steps needs a positive integer"),
     ("parity_by_count.py", ["mult"], "is a 'multiplication' run"),
     ("parity_by_count.py", ["parity", "-3"], "usage: parity_by_count.py"),
     ("answer_positions.py", ["nowhere"], "does not exist"),
