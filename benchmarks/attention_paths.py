@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lengthgen.attention import math_causal_attention
-from lengthgen.train import native_bf16
+from lengthgen.devices import native_bf16
 
 SHAPES = {  # (batch, heads, length, head dim)
     "parity paper (64 heads of 4)": (64, 64, 22, 4),

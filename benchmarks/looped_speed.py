@@ -18,7 +18,7 @@ times drift:
    FLOPs of one prefix-scheme step (counted by torch's FlopCounterMode: the work the
    objective needs) / step time / peak matmul FLOP/s. For the max scheme the same
    useful FLOPs are divided by its (longer) step time.
-   bf16 is timed only where the CPU has it natively (lengthgen.train.native_bf16):
+   bf16 is timed only where the CPU has it natively (lengthgen.devices.native_bf16):
    elsewhere it runs a reference kernel hundreds of times slower, and training refuses it.
 
     python benchmarks/looped_speed.py [--steps 10] [--warmup 1] [--tasks parity,addition] [--token-multiple 64]
@@ -40,7 +40,8 @@ from lengthgen.looped import looped_loss
 from lengthgen.methods import get_method
 from lengthgen.tasks import get_task
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.train import autocast, decay_params, native_bf16
+from lengthgen.devices import autocast, native_bf16
+from lengthgen.train import decay_params
 
 PAPER = {"parity": (1, 64), "addition": (3, 8)}  # released block depth, heads
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from lengthgen.config import ModelConfig
 from lengthgen.model import Transformer
-from lengthgen.train import pick_device
+from lengthgen.devices import pick_device
 
 SCHEMES = {"rope": {"theta": 500000.0}, "nope": {}, "alibi": {}, "cope": {"npos_max": 64}, "tra": {}}
 VOCAB = 256  # byte-level, as the language-modelling experiment

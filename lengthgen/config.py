@@ -84,6 +84,12 @@ class TrainConfig:
     precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
     log_interval: int = 50  # steps between metric lines in metrics.jsonl
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
+    # exact match during training, into metrics.jsonl (test@max at the curriculum's current maximum,
+    # test@N at each of test_lengths): every test_interval steps; 0 = off
+    test_interval: int = 0
+    test_lengths: str = ""  # lengths tested besides the current maximum, as eval.lengths ("" = none)
+    test_samples: int = 512  # test samples per length (the evaluator's fixed test set, eval.seed)
+    test_stops: list = field(default_factory=list)  # looped methods: stop rules tested; [] = oracle
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
     id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
@@ -157,7 +163,7 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
                 raise ConfigError(f"config key {path} is now {MOVED[path]}")
             full = [f"{prefix}{k}" for k in known]
             raise ConfigError(f"unknown config key {path}{_hint(path, full)}")
-        if path == "eval.lengths" and isinstance(value, int) and not isinstance(value, bool):
+        if path in ("eval.lengths", "train.test_lengths") and isinstance(value, int) and not isinstance(value, bool):
             value = str(value)  # `--set eval.lengths=24` is a TOML integer: one test length
         current = getattr(cfg, key)
         if is_dataclass(current):

@@ -17,6 +17,7 @@ from matplotlib.ticker import ScalarFormatter
 from .evaluate import POSITION_LOSS, read_position_loss
 from .figures import _pyplot
 from .series import key_columns, series_colors, series_labels
+from .training_tests import PREFIX as TEST_PREFIX
 
 
 def runs_by_series(rows: list[dict], agg: list[dict]) -> dict[tuple, dict]:
@@ -32,37 +33,56 @@ def runs_by_series(rows: list[dict], agg: list[dict]) -> dict[tuple, dict]:
     return dict(sorted(out.items(), key=lambda item: (item[0][0], item[1]["label"])))
 
 
-def band(ax, x, curves: list[np.ndarray], color, label: str) -> None:
+def band(ax, x, curves: list[np.ndarray], color, label: str, style: str = "-") -> None:
     """Mean over seeds with a ± standard-error band (no band for one seed)."""
     stack = np.vstack(curves)
     mean = np.nanmean(stack, 0)
-    ax.plot(x, mean, color=color, lw=1.3, label=f"{label} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+    ax.plot(x, mean, style, color=color, lw=1.3, label=f"{label} ({len(curves)} seed{'s' * (len(curves) > 1)})")
     if len(curves) > 1:
         err = np.nanstd(stack, 0, ddof=1) / math.sqrt(len(curves))
         ax.fill_between(x, mean - err, mean + err, color=color, alpha=0.2, lw=0)
 
 
-def read_losses(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    steps, losses = [], []
+def read_metrics(folder: Path) -> list[dict]:
+    """The rows of RUN/metrics.jsonl ([] without one), skipping an unfinished last line of a killed run."""
     path = Path(folder) / "metrics.jsonl"
+    rows = []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # an unfinished last line of a killed run
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
             continue
-        steps.append(row["step"])
-        losses.append(row["loss"])
-    return np.array(steps), np.array(losses, dtype=float)
+    return rows
+
+
+def read_losses(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    rows = read_metrics(folder)
+    return np.array([r["step"] for r in rows]), np.array([r["loss"] for r in rows], dtype=float)
+
+
+def read_tests(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{test key (test@max, test@24, ...): (steps, exact match)} of the tests during training."""
+    out: dict[str, tuple[list, list]] = {}
+    for r in read_metrics(folder):
+        for k, v in r.items():
+            if k.startswith(TEST_PREFIX):
+                out.setdefault(k, ([], []))[0].append(r["step"])
+                out[k][1].append(v)
+    return {k: (np.array(steps), np.array(values, dtype=float)) for k, (steps, values) in out.items()}
 
 
 def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
-    """Training loss against step, a panel per task, a line per series; returns the panels drawn."""
+    """Training loss against step, a panel per task, a line per series; below it, where runs
+    tested during training (train.test_interval), exact match against step, a line per series
+    and test length (solid: the current curriculum maximum). Returns the loss panels drawn."""
     groups = runs_by_series(rows, agg)
     tasks = sorted({task for task, _ in groups})
+    tests = {folder: read_tests(folder) for entry in groups.values() for folder in entry["runs"]}
+    tested = any(tests.values())
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1 + tested, len(tasks), figsize=(5 * len(tasks), 3.6 * (1 + tested)), squeeze=False)
     drawn = 0
-    for ax, task in zip(axes.flat, tasks):
+    for ax, task in zip(axes[0], tasks):
         for (t, _), entry in groups.items():
             runs = [read_losses(folder) for folder in entry["runs"] if t == task]
             runs = [r for r in runs if len(r[0])]
@@ -74,6 +94,18 @@ def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
         ax.set(title=task, xlabel="training step", ylabel="training loss (nats per scored token)", yscale="log")
         ax.yaxis.set_major_formatter(ScalarFormatter())  # 2, 3, 4 rather than 2 x 10^0
         ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.legend(fontsize=7, frameon=False)
+    for ax, task in zip(axes[1] if tested else [], tasks):
+        for (t, _), entry in groups.items():
+            if t != task:
+                continue
+            keys = sorted({k for folder in entry["runs"] for k in tests[folder]}, key=lambda k: (k != "test@max", k))
+            for style, k in zip(["-", "--", ":", "-."] * 8, keys):
+                runs = [tests[folder][k] for folder in entry["runs"] if k in tests[folder]]
+                width = min(len(steps) for steps, _ in runs)
+                band(ax, runs[0][0][:width], [v[:width] for _, v in runs], entry["color"],
+                     f"{entry['label']}, {k.removeprefix(TEST_PREFIX)}", style)
+        ax.set(title=f"{task}: tests during training", xlabel="training step", ylabel="exact match", ylim=(-0.02, 1.02))
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

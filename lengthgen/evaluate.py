@@ -29,7 +29,7 @@ from .methods import METHODS, Method, get_method
 from .stop_passes import trace
 from .stopping import default_t_max, parse_rule, readout
 from .tasks import TASKS, Batch, Task, measure, task_of
-from .train import autocast, native_bf16, pick_device
+from .devices import autocast, native_bf16, pick_device
 
 COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
            "stop_step", "train_max", "baseline", "step"]

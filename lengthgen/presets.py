@@ -19,6 +19,7 @@ from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL
 from .errors import ConfigError
 from .methods import METHODS, get_method
 from .positions import SCHEMES, PositionalScheme
+from .stopping import parse_rule
 from .tasks import TASKS, get_task, task_of
 from .transforms import TRANSFORMS, base_ids, build_transform, real_columns
 
@@ -137,6 +138,7 @@ def validate(cfg: Config) -> Config:
     except ConfigError as err:  # its message starts "lengths ...": name the key
         raise ConfigError(f"eval.{err}") from None
     check(ev.samples >= 1, f"eval.samples must be >= 1, got {ev.samples}")
+    check_tests(cfg)
     check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
     check_options("task.options", t.options, TASKS[t.name], t.name)
     task = built("task.options", lambda: get_task(t.name, **t.options))
@@ -150,6 +152,8 @@ def validate(cfg: Config) -> Config:
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
     shortest = min(parse_lengths(ev.lengths))
     check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
+    shortest = min(parse_lengths(tr.test_lengths)) if tr.test_lengths else task.min_length
+    check(shortest >= task.min_length, f"train.test_lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
     check(not (get_method(cfg.method).needs_answer_region and not task.answer_region),
           f"method {cfg.method} predicts one answer after the question; {t.name} is scored inside the sequence "
           "(use a next-token method such as ntp)")
@@ -181,6 +185,28 @@ def validate(cfg: Config) -> Config:
                   f"model.max_positions ({m.max_positions}) is too small for train.position_transform {name}, which "
                   f"trains position IDs up to {largest}; set it to at least {largest + 1}")
     return cfg
+
+
+def check_tests(cfg: Config) -> None:
+    """train.test_*: lengths as eval.lengths, rules the method can apply, tasks scored by exact match."""
+    tr = cfg.train
+    check(tr.test_interval >= 0, f"train.test_interval must be >= 0 (0 = off), got {tr.test_interval}")
+    check(tr.test_samples >= 1, f"train.test_samples must be >= 1, got {tr.test_samples}")
+    if tr.test_lengths:
+        try:
+            parse_lengths(tr.test_lengths)
+        except ConfigError as err:
+            raise ConfigError(f"train.test_{err}") from None
+    method = get_method(cfg.method)
+    for stop in tr.test_stops:  # a method without stop rules ignores them (a grid's ntp arm on a looped preset)
+        try:
+            rule = parse_rule(str(stop))
+            if method.has_stop_rules:
+                rule.check(method)
+        except ValueError as err:
+            raise ConfigError(f"train.test_stops: {err}") from None
+    check(not (tr.test_interval and getattr(TASKS[cfg.task.name], "language_model", False)),
+          f"train.test_interval tests exact match; {cfg.task.name} is a language-model task (use lengthgen eval)")
 
 
 def check_ppc(cfg: Config) -> None:

@@ -193,7 +193,9 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
         elif kind == "training_curves":
             plot_training(rows, agg, out / "training_curves.png")
             text += ["## Training curves", "", "Training loss against step: mean over seeds, the band ± one "
-                     "standard error.", "", "![training curves](training_curves.png)", ""]
+                     "standard error. Runs that tested during training (`train.test_interval`) add a row below: "
+                     "exact match against step at the curriculum's current maximum (solid) and at each test "
+                     "length.", "", "![training curves](training_curves.png)", ""]
         elif kind == "position_loss":
             shown = plot_position_loss(rows, agg, out / "position_loss.png", spec.get("windows"))
             if shown:

@@ -232,7 +232,7 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
     jobs = grids.plan(grid, scale, tasks, arms, seeds, out, workers, samples, extra, threads)
-    from .train import check_precision, pick_device
+    from .devices import check_precision, pick_device
     settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
     for device, precision in settings if backend == "local" else ():  # refuse here once, not in every worker
         check_precision(pick_device(device), precision)  # (on a cluster, each run checks the node it lands on)

@@ -4,8 +4,9 @@ One training step: draw a fresh batch from the task (online i.i.d. samples,
 lengths up to the current curriculum maximum) -> position-ID transform
 (train.position_transform, lengthgen.transforms) -> method loss -> backward ->
 clip -> AdamW step -> EMA update. Metrics go to metrics.jsonl every
-`log_interval` steps; checkpoints every `checkpoint_interval` steps and at the
-end. Three seeds are kept apart: model initialisation, training data and
+`log_interval` steps, with exact match at test lengths every `test_interval`
+steps (lengthgen.training_tests); checkpoints every `checkpoint_interval` steps
+and at the end. Three seeds are kept apart: model initialisation, training data and
 evaluation (the last one lives in the evaluator).
 """
 from __future__ import annotations
@@ -24,58 +25,15 @@ from tqdm.auto import tqdm
 
 from . import checkpoint, trackers
 from .config import Config, to_dict, to_toml
+from .devices import autocast, check_precision, pick_device
 from .distributed import Ranks, no_sync, shard_seed
 from .presets import from_dict
 from .errors import TrainingDiverged, UserError
 from .methods import get_method
 from .tasks import Batch, Task, task_of
 from .tasks.base import sample_mixed
+from .training_tests import PREFIX, run_tests
 from .transforms import build_transform
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    """The device of train.device (whose spelling config validated), refused unless this machine has it."""
-    if name != "auto":
-        device = torch.device(name)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"train.device {name!r} requested but CUDA is not available")
-        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            raise UserError(f"train.device {name!r} requested but this machine has "
-                            f"{torch.cuda.device_count()} CUDA device(s)")
-        if device.type == "mps" and not torch.backends.mps.is_available():
-            raise UserError(f"train.device {name!r} requested but MPS is not available")
-        return device
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` runs bf16 matmuls natively. A CPU without AVX-512 (AVX2
-    only) has oneDNN fall back to a reference kernel: on such a machine a 256^3 bf16
-    matmul ran at 1.4 GFLOP/s, where fp32 reached 175 at 2048^2 (docs/benchmarks.md)."""
-    if device.type == "cuda":  # compute capability 8.0 (Ampere) or newer; emulation does not count
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        try:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):  # a build without oneDNN's probe: do not block
-            return True
-    return True
-
-
-def check_precision(device: torch.device, precision: str) -> None:
-    """Refuse bf16 training where it would run far slower than fp32 (hundreds of times on an AVX2-only CPU)."""
-    if precision == "bf16" and not native_bf16(device):
-        raise UserError(f"train.precision 'bf16' needs native bf16 support, which this {device.type} lacks "
-                        "(bf16 would run far slower than fp32); use train.precision=fp32")
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast on any device for precision = bf16; a no-op context for fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def curriculum_max(cfg: Config, step: int) -> int:
@@ -249,6 +207,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
                mininterval=1.0)
     loss_sum = torch.zeros((), device=device)
     finite = torch.ones((), dtype=torch.bool, device=device)
+    shown_tests = {}  # the latest tests during training, kept on the progress bar between them
     # "time" in metrics.jsonl counts training seconds across resumes, not the time the run was stopped
     window_start, window_steps, window_samples = time.perf_counter(), 0, 0
     start_time = window_start - trained_seconds
@@ -277,7 +236,8 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
             if last:  # e.g. fit a probe on the trained model, in the weights that are tested
                 for trained in (model, ema) if ema is not None else (model,):
                     method.finish(trained, cfg, task, device)
-            if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last:
+            tested = tr.test_interval > 0 and (step % tr.test_interval == 0 or last)
+            if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or tested:
                 # every process's losses and samples (the same tensors in a single process)
                 losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(
                     float(window_samples), device=device))
@@ -289,11 +249,17 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
                 elapsed = time.perf_counter() - window_start
                 row = {"step": step, "loss": float(losses) / (window_steps * ranks.world), "lr": lr, "max_length": high,
                        "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
+                if tested and ranks.main:  # its seconds are not training time
+                    began = time.perf_counter()
+                    row.update(run_tests(cfg, task, method, ema if ema is not None else model, high, device))
+                    start_time += time.perf_counter() - began
                 if ranks.main:
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                     sinks.log(row)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}")
+                shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}",
+                                **shown_tests)
                 loss_sum.zero_()
                 window_start, window_steps, window_samples = time.perf_counter(), 0, 0
                 if ranks.main and (step % tr.checkpoint_interval == 0 or last):

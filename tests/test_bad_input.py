@@ -11,7 +11,8 @@ import torch
 from lengthgen import checkpoint, cli, config, presets
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluate import load_run
-from lengthgen.train import decay_params, pick_device, train
+from lengthgen.devices import pick_device
+from lengthgen.train import decay_params, train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.device=cpu", "train.steps=2", "train.threads=1", "train.log_interval=1"]

@@ -139,6 +139,10 @@ def test_the_preset_keeps_the_released_configuration(task):
     lengths = config.parse_lengths(cfg.eval.lengths)
     assert test_len in lengths and cfg.task.train_max in lengths
     assert (cfg.eval.samples, cfg.eval.batch_size) == (6400, 6400)
+    # tests during training: every 1000 steps, 512 samples, at test_len besides the current maximum
+    assert (cfg.train.test_interval, cfg.train.test_samples) == (1000, 512)
+    assert config.parse_lengths(cfg.train.test_lengths) == [test_len]
+    assert cfg.train.test_stops == ["oracle", f"confidence:+{30 if task in ('multiplication', 'unique_set') else 20}"]
 
 
 @pytest.mark.parametrize("task", TASKS)

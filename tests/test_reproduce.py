@@ -248,8 +248,8 @@ def test_run_folder_without_checkpoint_is_kept_unless_it_holds_nothing(experimen
 
 
 def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monkeypatch):
-    import lengthgen.train as trainer
-    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)
+    import lengthgen.devices as devices
+    monkeypatch.setattr(devices, "native_bf16", lambda device: False)
     with pytest.raises(UserError, match="native bf16"):
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped", "ntp"], out=tmp_path / "out",
                      workers=1, progress=False, extra=["train.precision=bf16"])

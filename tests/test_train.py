@@ -163,15 +163,15 @@ def test_bf16_training_is_refused_where_the_device_lacks_it(tmp_path, monkeypatc
     """Without native bf16 (an AVX2-only CPU) bf16 would run hundreds of times
     slower than fp32: training stops with a one-line error before it writes
     anything, and evaluating a bf16 run falls back to its fp32 weights."""
+    import lengthgen.devices as devices
     import lengthgen.evaluate as evaluate
-    import lengthgen.train as trainer
     cfg = tiny("train.steps=2", "train.precision=bf16")
-    monkeypatch.setattr(trainer, "native_bf16", lambda device: False)
+    monkeypatch.setattr(devices, "native_bf16", lambda device: False)
     with pytest.raises(UserError, match="native bf16.*train.precision=fp32"):
         train(cfg, tmp_path / "refused", progress=False)
     assert not (tmp_path / "refused").exists()
 
-    monkeypatch.setattr(trainer, "native_bf16", lambda device: True)
+    monkeypatch.setattr(devices, "native_bf16", lambda device: True)
     train(cfg, tmp_path / "run", progress=False)  # two tiny steps: cheap even where bf16 is emulated
     used = []
     monkeypatch.setattr(evaluate, "autocast", lambda device, precision: used.append(precision) or torch.autocast(

@@ -1,0 +1,49 @@
+"""Tests during training (`train.test_interval`): exact match at the curriculum's current
+maximum and at `train.test_lengths`, every `test_interval` steps, written beside the loss in
+metrics.jsonl. The released looped-tf code tests this way every 1000 steps (512 samples at the
+current longest training length and at the test length); here the samples are the evaluator's
+fixed test set of each length (eval.seed), so a curve compares one set of problems over time.
+
+The weights tested are those evaluated after training (the EMA when train.ema > 0). Testing
+reads no training random stream, so a run with tests trains the same weights as one without.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import Config, parse_lengths
+from .devices import autocast
+from .evaluate import rules_at
+from .methods import Method
+from .tasks import Task
+
+PREFIX = "test@"  # metrics.jsonl keys: test@max (the current curriculum maximum), test@24, test@24/confidence:+20
+
+
+def test_stops(cfg: Config, method: Method) -> list[str | None]:
+    """The stop rules tested: train.test_stops, else the oracle for methods with stop rules."""
+    if not method.has_stop_rules:
+        return [None]
+    return list(dict.fromkeys(cfg.train.test_stops)) or ["oracle"]
+
+
+def key(length: str, stop: str | None) -> str:
+    return PREFIX + length + ("" if stop in (None, "oracle") else f"/{stop}")
+
+
+@torch.no_grad()
+def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, device: torch.device) -> dict:
+    """{key: exact match} at the current maximum and at each of train.test_lengths."""
+    stops, tr = test_stops(cfg, method), cfg.train
+    lengths = [("max", current_max)] + [(str(n), n) for n in parse_lengths(tr.test_lengths)] if tr.test_lengths \
+        else [("max", current_max)]
+    training = model.training
+    model.eval()
+    out = {}
+    with torch.random.fork_rng(devices=[]), autocast(device, tr.precision):
+        for name, n in lengths:
+            results, _ = rules_at(task, method, model, n, tr.test_samples, cfg.eval.batch_size, cfg.eval.seed,
+                                  device, stops)
+            out.update({key(name, stop): results[stop]["accuracy"] for stop in stops})
+    model.train(training)
+    return out

@@ -1,0 +1,104 @@
+"""Tests during training (train.test_interval, lengthgen.training_tests): what they write to
+metrics.jsonl, that they agree with the evaluator, that they leave training untouched, and the
+config errors they raise."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lengthgen import presets
+from lengthgen.checkpoint import latest
+from lengthgen.curves import read_tests
+from lengthgen.errors import ConfigError
+from lengthgen.evaluate import evaluate_run
+from lengthgen.train import train
+
+TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_layer=1", "model.n_head=2",
+        "train.batch_size=16", "train.steps=120", "train.lr=3e-3", "train.device=cpu", "train.curriculum_start=2",
+        "train.curriculum_interval=30", "train.log_interval=50", "train.checkpoint_interval=120"]
+
+
+def run(folder, *extra: str, method: str = "looped"):
+    cfg = presets.load(None, [f"method={method}", *TINY, *extra])
+    train(cfg, folder, progress=False)
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tested(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tested")
+    rows = run(folder, "train.test_interval=40", "train.test_lengths=6,8", "train.test_samples=256",
+               'train.test_stops=["oracle", "confidence:+4"]')
+    return folder, rows
+
+
+def test_tests_are_written_at_every_interval_with_the_current_maximum(tested):
+    _, rows = tested
+    keys = {"test@max", "test@6", "test@8", "test@max/confidence:+4", "test@6/confidence:+4", "test@8/confidence:+4"}
+    with_tests = [r for r in rows if "test@max" in r]
+    assert [r["step"] for r in with_tests] == [40, 80, 120]  # not multiples of log_interval: rows of their own
+    assert all(keys <= r.keys() and all(0 <= r[k] <= 1 for k in keys) for r in with_tests)
+    assert [r["max_length"] for r in with_tests] == [3, 4, 4]  # the curriculum's maximum at that step
+    assert all("test@max" not in r for r in rows if r["step"] % 40)
+    curves = read_tests(tested[0])
+    assert set(curves) == keys and list(curves["test@6"][0]) == [40, 80, 120]
+
+
+def test_the_last_test_is_what_the_evaluator_measures(tested):
+    folder, rows = tested
+    last = rows[-1]
+    got = evaluate_run(folder, [4, 6, 8], samples=256, stops=["oracle", "confidence:+4"], progress=False)
+    by = {(r["length"], r["stop"]): r["accuracy"] for r in got}
+    for n, name in [(4, "max"), (6, "6"), (8, "8")]:
+        assert by[(n, "oracle")] == pytest.approx(last[f"test@{name}"], abs=1e-9)
+        assert by[(n, "confidence:+4")] == pytest.approx(last[f"test@{name}/confidence:+4"], abs=1e-9)
+
+
+def test_a_run_that_tests_trains_the_same_weights(tested, tmp_path):
+    from safetensors.torch import load_file
+    plain = tmp_path / "plain"
+    run(plain)
+    a, b = (load_file(latest(f) / "model.safetensors") for f in (tested[0], plain))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tests_follow_learning(tmp_path):
+    """The tests measure the model as it learns: the first one, early in training, is below the last."""
+    rows = run(tmp_path / "r", "train.test_interval=15", "train.steps=300", "train.checkpoint_interval=300",
+               "train.curriculum_start=0")
+    curve = [r["test@max"] for r in rows if "test@max" in r]
+    assert len(curve) == 20 and curve[-1] >= curve[0] + 0.1, curve
+
+
+def test_ntp_runs_test_without_stop_rules(tmp_path):
+    """A method without stop rules ignores train.test_stops (a grid's ntp arm on a looped preset)."""
+    rows = run(tmp_path / "ntp", "train.test_interval=60", "train.test_lengths=5", 'train.test_stops=["oracle"]',
+               method="ntp")
+    assert [sorted(k for k in r if k.startswith("test@")) for r in rows if "test@max" in r] == [["test@5", "test@max"]] * 2
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["train.test_interval=-1"], "train.test_interval must be >= 0"),
+    (["train.test_samples=0"], "train.test_samples must be >= 1"),
+    (["train.test_lengths=abc"], "train.test_lengths"),
+    (["train.test_lengths=0"], "train.test_lengths"),
+    (['train.test_stops=["sometimes"]'], "train.test_stops: stop rule 'sometimes'"),
+    (['train.test_stops=["halt"]'], "train.test_stops: stop rule halt reads a halting head"),
+])
+def test_bad_test_settings_are_refused_in_one_line(extra, needle):
+    with pytest.raises(ConfigError) as err:
+        presets.load(None, ["method=looped", *TINY, *extra])
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_training_curves_figure_adds_a_row_of_tests(tested, tmp_path):
+    from matplotlib.image import imread
+
+    from lengthgen.report import write_report
+    folder, _ = tested
+    evaluate_run(folder, [4, 6], samples=64, progress=False)
+    write_report([folder], tmp_path / "report", layout={"figures": ["training_curves"]})
+    height, width = imread(tmp_path / "report" / "training_curves.png").shape[:2]
+    assert height > width  # one task: a loss panel above a panel of tests (alone the loss panel is wider than tall)
