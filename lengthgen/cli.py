@@ -106,8 +106,10 @@ def cmd_report(args) -> None:
     out = Path(args.out or (first.parent if first.is_file() else first))  # RUN/eval.csv -> RUN
     command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
     from .report import DEFAULT_LAYOUT
-    figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap]
-    command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)])
+    figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap] + \
+        ["training_curves"] * args.curves
+    command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)] +
+                         ["--curves"] * args.curves)
     path = write_report(args.dirs, out, command=command, layout={"figures": figures})
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
@@ -183,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
                    "(default: the first DIR, or the folder of a CSV file given first)")
     r.add_argument("--heatmap", action="append", default=[], metavar="COLUMN",
                    help="also draw accuracy over length x COLUMN (a task option swept in evaluation)")
+    r.add_argument("--curves", action="store_true",
+                   help="also draw training curves: the loss and, for runs that tested during training "
+                        "(train.test_interval), exact match against step")
     r.set_defaults(func=cmd_report)
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
     rp.add_argument("paper", nargs="?", help="a folder name under experiments/ (see --list) or a folder holding a grid.toml")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -71,6 +72,12 @@ def read_tests(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {k: (np.array(steps), np.array(values, dtype=float)) for k, (steps, values) in out.items()}
 
 
+def run_label(entry: dict) -> str:
+    """A series label without its stop rule ("looped, oracle stop" -> "looped"): training
+    curves belong to the runs, whichever rule evaluated them."""
+    return re.sub(r"(, )?[^,]* stop$", "", entry["label"]) or entry["label"]
+
+
 def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
     """Training loss against step, a panel per task, a line per series; below it, where runs
     tested during training (train.test_interval), exact match against step, a line per series
@@ -82,29 +89,37 @@ def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
     plt = _pyplot()
     fig, axes = plt.subplots(1 + tested, len(tasks), figsize=(5 * len(tasks), 3.6 * (1 + tested)), squeeze=False)
     drawn = 0
+    # a run evaluated under several stop rules sits in one series per rule: draw its curves once
+    owned, seen = {}, set()
+    for key, entry in groups.items():
+        owned[key] = [f for f in entry["runs"] if f not in seen]
+        seen.update(entry["runs"])
     for ax, task in zip(axes[0], tasks):
-        for (t, _), entry in groups.items():
-            runs = [read_losses(folder) for folder in entry["runs"] if t == task]
+        for (t, series), entry in groups.items():
+            runs = [read_losses(folder) for folder in owned[(t, series)] if t == task]
             runs = [r for r in runs if len(r[0])]
             if not runs:
                 continue
             width = min(len(steps) for steps, _ in runs)  # seeds log the same steps; a shorter one is cut
-            band(ax, runs[0][0][:width], [losses[:width] for _, losses in runs], entry["color"], entry["label"])
+            band(ax, runs[0][0][:width], [losses[:width] for _, losses in runs], entry["color"], run_label(entry))
             drawn += 1
         ax.set(title=task, xlabel="training step", ylabel="training loss (nats per scored token)", yscale="log")
         ax.yaxis.set_major_formatter(ScalarFormatter())  # 2, 3, 4 rather than 2 x 10^0
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        low, high = ax.get_ylim()
+        if high < 10 * low:  # minor labels fit only within a decade
+            ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.legend(fontsize=7, frameon=False)
     for ax, task in zip(axes[1] if tested else [], tasks):
-        for (t, _), entry in groups.items():
-            if t != task:
+        for (t, series), entry in groups.items():
+            folders = owned[(t, series)]
+            if t != task or not folders:
                 continue
-            keys = sorted({k for folder in entry["runs"] for k in tests[folder]}, key=lambda k: (k != "test@max", k))
+            keys = sorted({k for folder in folders for k in tests[folder]}, key=lambda k: (k != "test@max", k))
             for style, k in zip(["-", "--", ":", "-."] * 8, keys):
-                runs = [tests[folder][k] for folder in entry["runs"] if k in tests[folder]]
+                runs = [tests[folder][k] for folder in folders if k in tests[folder]]
                 width = min(len(steps) for steps, _ in runs)
                 band(ax, runs[0][0][:width], [v[:width] for _, v in runs], entry["color"],
-                     f"{entry['label']}, {k.removeprefix(TEST_PREFIX)}", style)
+                     f"{run_label(entry)}, {k.removeprefix(TEST_PREFIX)}", style)
         ax.set(title=f"{task}: tests during training", xlabel="training step", ylabel="exact match", ylim=(-0.02, 1.02))
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()

@@ -96,9 +96,10 @@ def test_bad_test_settings_are_refused_in_one_line(extra, needle):
 def test_the_training_curves_figure_adds_a_row_of_tests(tested, tmp_path):
     from matplotlib.image import imread
 
-    from lengthgen.report import write_report
+    from lengthgen.cli import main
     folder, _ = tested
     evaluate_run(folder, [4, 6], samples=64, progress=False)
-    write_report([folder], tmp_path / "report", layout={"figures": ["training_curves"]})
+    assert main(["report", str(folder), "--out", str(tmp_path / "report"), "--curves"]) in (0, None)
     height, width = imread(tmp_path / "report" / "training_curves.png").shape[:2]
     assert height > width  # one task: a loss panel above a panel of tests (alone the loss panel is wider than tall)
+    assert "--curves" in (tmp_path / "report" / "report.md").read_text()  # the command that rebuilds it
