@@ -35,8 +35,7 @@ def key(length: str, stop: str | None) -> str:
 def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, device: torch.device) -> dict:
     """{key: exact match} at the current maximum and at each of train.test_lengths."""
     stops, tr = test_stops(cfg, method), cfg.train
-    lengths = [("max", current_max)] + [(str(n), n) for n in parse_lengths(tr.test_lengths)] if tr.test_lengths \
-        else [("max", current_max)]
+    lengths = [("max", current_max)] + [(str(n), n) for n in (parse_lengths(tr.test_lengths) if tr.test_lengths else [])]
     training = model.training
     model.eval()
     out = {}

@@ -41,16 +41,17 @@ PROBES = ("mlp", "linear", "mlp+change", "token-min")
 def features(probe: str, model, batch, extra: int) -> tuple[Tensor, Tensor | None, Tensor]:
     """(T, B, F) or, for token-min, (T, B, L, D) features after iterations 1 .. max T_i + extra;
     the (B, L) question mask of token-min (None otherwise); (T, B) bool labels t >= T_i."""
-    x, done = probe_data(model, batch, extra)
-    if probe == "mlp+change":
-        x = torch.cat([x, x - torch.cat([torch.zeros_like(x[:1]), x[:-1]])], -1)
     if probe != "token-min":
+        x, done = probe_data(model, batch, extra)
+        if probe == "mlp+change":
+            x = torch.cat([x, x - torch.cat([torch.zeros_like(x[:1]), x[:-1]])], -1)
         return x, None, done
     (h, e, pos), w = start_blanked(model, batch)
-    scored, states = batch.scored[:, :w], []
-    for _ in range(len(done)):
+    scored, steps, states = batch.scored[:, :w], per_sample_steps(batch), []
+    for _ in range(int(steps.max()) + extra):
         h = model.step(h, e, pos)
         states.append(h.float())
+    done = torch.arange(1, len(states) + 1)[:, None] >= steps[None]
     first = scored.float().argmax(1)  # the '=' (the first scored position)
     return torch.stack(states), torch.arange(w)[None] <= first[:, None], done
 
