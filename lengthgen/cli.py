@@ -169,8 +169,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's eval.seed)")
     e.add_argument("--stop", help="looped methods: oracle (default), fixed:N, confidence[:T_MAX], "
-                   "confidence-per-sample[:T_MAX[:PATIENCE]], first-confident[:T_MAX], halt[:T_MAX] (looped-halt "
-                   "and looped-halt-probe runs); T_MAX may be +N (T(n) + N); several, comma-separated, share one pass")
+                   "confidence-per-sample[:T_MAX[:PATIENCE]], first-confident[:T_MAX], halt[:T_MAX] (looped-halt, "
+                   "looped-halt-probe and looped-clock runs); T_MAX may be +N (T(n) + N); several, comma-separated, share one pass")
     e.add_argument("--sweep", action="append", metavar="OPTION=[VALUES]",
                    help="evaluate every value of a task option, e.g. --sweep 'symbols=[5, 10]' "
                         "(default: the run's eval.sweep); rows carry a column per option")

@@ -77,6 +77,7 @@ class TrainConfig:
     cosine_start: int = 0  # curriculum_cosine: the step the cosine decay starts; 0 = when the curriculum ends
     length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
     ema: float = 0.0  # decay of an EMA of the weights used for evaluation; 0 = off
+    ema_start: int = 0  # the EMA starts as a copy of the weights after this step, then follows them
     model_seed: int = 0  # seeds weight initialisation
     data_seed: int = 0  # seeds the training data stream
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
@@ -90,10 +91,12 @@ class TrainConfig:
     test_lengths: str = ""  # lengths tested besides the current maximum, as eval.lengths ("" = none)
     test_samples: int = 512  # test samples per length (the evaluator's fixed test set, eval.seed)
     test_stops: list = field(default_factory=list)  # looped methods: stop rules tested; [] = oracle
+    test_options: dict = field(default_factory=dict)  # task options of the tested samples, e.g. {min_a_bits = 2}
+    test_offset: int = 0  # tests after steps offset + k * test_interval (the released code: 1, 1001, ...)
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
     id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
-    halt_loss_weight: float = 1.0  # looped-halt, looped-uncertain: weight of the stopping loss beside the answer loss
+    halt_loss_weight: float = 1.0  # looped-halt, looped-uncertain, looped-clock: weight of the stopping loss beside the answer loss
     # streams the batch is drawn from: 1 = one stream from data_seed; N = N shards of batch_size/N samples, each
     # seeded by (data_seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
     data_shards: int = 1
@@ -107,6 +110,7 @@ class EvalConfig:
     batch_size: int = 256  # samples per forward pass
     seed: int = 1234  # evaluation data seed, fixed and separate from training
     sweep: dict = field(default_factory=dict)  # task options varied in evaluation, e.g. {k = [2, 4]}: rows per value
+    confidence_precision: str = "float64"  # looped confidence losses: float64, or float32 as the released code
 
 
 @dataclass
@@ -121,6 +125,7 @@ class Config:
 SCHEDULES = ("cosine", "curriculum_cosine", "linear", "constant")
 LENGTH_SAMPLING = ("per_sample", "per_batch")
 PRECISIONS = ("fp32", "bf16")
+CONFIDENCE_PRECISIONS = ("float64", "float32")  # eval.confidence_precision (lengthgen.stop_passes)
 LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen.trackers)
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows

@@ -26,7 +26,7 @@ from .config import Config
 from .presets import from_dict
 from .errors import UserError
 from .methods import METHODS, Method, get_method
-from .stop_passes import trace
+from .stop_passes import confidence_precision, trace
 from .stopping import default_t_max, parse_rule, readout
 from .tasks import TASKS, Batch, Task, measure, task_of
 from .devices import autocast, native_bf16, pick_device
@@ -239,7 +239,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
-            with autocast(device, precision):
+            with autocast(device, precision), confidence_precision(cfg.eval.confidence_precision):
                 if getattr(variant, "language_model", False):  # perplexity on the test split (lengthgen.lm);
                     from .lm import perplexity_at  # eval.samples counts test tokens for such a task
 

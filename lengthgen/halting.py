@@ -3,7 +3,7 @@
 The paper's confidence rule reads an objective that never looks at the wrong
 iterations: the step-dependent loss supervises each sample at its own T(n)
 only, so a read-out before or after it may be as confident as the right one
-(docs/looped.md, "Trained stopping"). Two designs add a loss on the states of
+(docs/looped.md, "Trained stopping"). Three designs add a loss on the states of
 every iteration t <= T_i, which the prefix scheme computes anyway
 (`looped._prefix_states`), so they cost a read-out per iteration, not more
 block passes:
@@ -20,9 +20,14 @@ block passes:
   unconfident and a finished one confident. Read out by `first-confident`: the
   first iteration whose mean confidence loss is below log 2.
 
-Both add `train.halt_loss_weight` times their loss to the answer loss; the
-halting head's gradient reaches the block too, so the model can learn to
-represent "done".
+- `looped-clock`: a clock, two linear units per answer position (averaged over
+  them), trained by squared error towards (cos, sin) of the phase pi t / T_i at
+  every t <= T_i: progress as a fraction of the sample's own computation, the
+  same target at every length, where "done" / "not done" label a step count.
+  Read out by `halt` through `clock_logit`.
+
+These three add `train.halt_loss_weight` times their loss to the answer loss;
+the gradient reaches the block too, so the model can learn to represent "done".
 
 - `looped-halt-probe`: the block trains as plain `looped` (bit for bit: the
   head has no loss during training), and a halting probe is fitted once
@@ -51,22 +56,44 @@ from .tasks import Batch
 
 class HaltingLooped(LoopedTransformer):
     """A looped transformer with a halting head: one linear unit per answer position
-    (`looped-halt`), or a HaltProbe (`looped-halt-probe`). The head is built after the
-    rest of the model, so the other weights start as those of a plain looped model of
-    the same seed."""
+    (`looped-halt`), a HaltProbe (`looped-halt-probe`) or a clock, two linear units per
+    answer position (`looped-clock`). The head is built after the rest of the model, so
+    the other weights start as those of a plain looped model of the same seed."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, injection: bool = True,
-                 scheme: PositionalScheme | None = None, probe: bool = False):
+                 scheme: PositionalScheme | None = None, head: str = "linear"):
         super().__init__(cfg, vocab_size, injection, scheme)
-        self.halt_head = HaltProbe(cfg.d_model) if probe else nn.Linear(cfg.d_model, 1)
+        self.head_kind = head
+        self.halt_head = HaltProbe(cfg.d_model) if head == "probe" else nn.Linear(cfg.d_model, 2 if head == "clock" else 1)
 
-    def halt_logits(self, h: Tensor, scored: Tensor) -> Tensor:
-        """(B, L, D) states, (B, L) bool -> (B,) each sample's halting logit (> 0: done):
-        the probe on its pooled states, or the mean of the linear head over its scored positions."""
-        if isinstance(self.halt_head, HaltProbe):
+    def halt_logits(self, h: Tensor, scored: Tensor, t: int) -> Tensor:
+        """(B, L, D) states after iteration t, (B, L) bool -> (B,) each sample's halting logit
+        (> 0: done): the probe on its pooled states, the mean of the linear head over its
+        scored positions, or the clock's reading at t (`clock_logit`)."""
+        if self.head_kind == "probe":
             return self.halt_head(pooled_states(h, scored)).float()
-        z = self.halt_head(h)[..., 0].float()
-        return (z * scored).sum(1) / scored.sum(1).clamp(min=1)
+        z = answer_mean(self.halt_head(h).float(), scored)  # (B, 1) or, for the clock, (B, 2)
+        return clock_logit(z, t) if self.head_kind == "clock" else z[:, 0]
+
+
+def answer_mean(z: Tensor, scored: Tensor) -> Tensor:
+    """(B, L, C), (B, L) bool -> (B, C): the mean over each sample's scored positions."""
+    return (z * scored[..., None]).sum(1) / scored.sum(1, keepdim=True).clamp(min=1)
+
+
+def clock_phase(z: Tensor) -> Tensor:
+    """(..., 2) clock read-out (cos, sin) -> its angle in [-pi/2, 3pi/2): a phase near 0
+    (early) or near pi (done) never wraps."""
+    angle = torch.atan2(z[..., 1], z[..., 0])
+    return torch.where(angle < -math.pi / 2, angle + 2 * math.pi, angle)
+
+
+def clock_logit(z: Tensor, t: int) -> Tensor:
+    """(B, 2) clock read-out after iteration t -> (B,) > 0 once t has reached the T the clock
+    implies. The clock is trained to read the phase pi t / T; its progress p = phase / pi
+    gives T' = t / p, and the sample is done once t >= T' - 1/2, i.e. p >= 2t / (2t + 1):
+    at t = T - 1 and t = T the margins are about half a step (1 / 2T) either side."""
+    return clock_phase(z) / math.pi - 2 * t / (2 * t + 1)
 
 
 class HaltProbe(nn.Module):
@@ -203,6 +230,25 @@ def uncertain_loss(model: LoopedTransformer, batch: Batch, every_step: list, ord
         count += len(z)
     if count == 0:  # every sample has T_i = 1: nothing before the right step
         return zero_loss(model)
+    return model.halt_loss_weight * total / count
+
+
+def clock_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:
+    """Squared error of the clock (two units, averaged over each sample's scored positions)
+    against (cos, sin) of the phase pi t / T_i, at every iteration t <= T_i, averaged over
+    the (sample, t) pairs: the phase is a fraction of the sample's own computation, the
+    same at every length, where "done" and "not done" label a step count."""
+    scored, row = _token_rows(batch, order, layout)
+    ends = _row_ends(layout)
+    steps = per_sample_steps(batch)[order].float()
+    total, count = 0.0, 0
+    for t, (h, _, k) in enumerate(every_step, start=1):
+        s = scored[:ends[k], None].float()
+        z = model.halt_head(h[:ends[k]]).float() * s  # (tokens of rows 0..k-1, 2)
+        mean = z.new_zeros(k, 2).index_add(0, row[:ends[k]], z) / s.new_zeros(k, 1).index_add(0, row[:ends[k]], s).clamp(min=1)
+        phase = math.pi * t / steps[:k]
+        total = total + (mean - torch.stack([phase.cos(), phase.sin()], -1)).pow(2).sum()
+        count += k
     return model.halt_loss_weight * total / count
 
 

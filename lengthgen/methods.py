@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from .config import Config
 from .model import Transformer
-from .halting import HaltingLooped, fit_probe_on_lengths, halt_loss, uncertain_loss
+from .halting import HaltingLooped, clock_loss, fit_probe_on_lengths, halt_loss, uncertain_loss
 from .looped import LoopedTransformer, looped_loss, oracle_logits
 from .tasks import BLANK, IGNORE, PAD, Batch, Task
 
@@ -135,6 +135,21 @@ class LoopedHalt(Looped):
         return looped_loss(model, batch, self.loss_scheme, halt_loss)
 
 
+class LoopedClock(Looped):
+    """The looped model with a clock trained on every iteration to read the phase pi t / T(n)
+    (lengthgen.halting.clock_loss); the `halt` stop rule stops where the clock implies t = T."""
+    name = "looped-clock"
+    has_halt_head = True
+
+    def build_model(self, cfg, task):
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head="clock")
+        model.halt_loss_weight = cfg.train.halt_loss_weight
+        return model
+
+    def loss(self, model, batch):
+        return looped_loss(model, batch, self.loss_scheme, clock_loss)
+
+
 class LoopedHaltProbe(Looped):
     """Plain `looped` training (the head has no loss, so the block trains bit for bit as
     `looped`), then a halting probe fitted on the frozen model's states at the training
@@ -143,7 +158,7 @@ class LoopedHaltProbe(Looped):
     has_halt_head = True
 
     def build_model(self, cfg, task):  # no gradient for the probe while the block trains (nor DDP's reduction)
-        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, probe=True)
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head="probe")
         model.halt_head.requires_grad_(False)
         return model
 
@@ -280,7 +295,7 @@ def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
 
 METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
                                     "looped-wo-injection": LoopedNoInjection,
-                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe,
+                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe, "looped-clock": LoopedClock,
                                     "looped-uncertain": LoopedUncertain,
                                     "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
                                     "ppc": PredictivePositionCoupling}

@@ -13,7 +13,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED,
+from .config import (CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED,
                      MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS, Config, _hint,
                      from_data, parse_lengths, read)
 from .errors import ConfigError
@@ -122,6 +122,9 @@ def validate(cfg: Config) -> Config:
           f"train.cosine_start applies to schedule curriculum_cosine, not {tr.schedule!r}")
     check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
+    check(0 <= tr.ema_start < max(tr.steps, 1), f"train.ema_start must be in 0..train.steps - 1 ({tr.steps - 1}), got {tr.ema_start}")
+    check(ev.confidence_precision in CONFIDENCE_PRECISIONS, f"eval.confidence_precision {ev.confidence_precision!r} "
+          f"is unknown; choose from {', '.join(CONFIDENCE_PRECISIONS)}")
     check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
     check(0 <= tr.threads <= MAX_THREADS, f"train.threads must be in 0..{MAX_THREADS}, got {tr.threads}")
     check(1 <= tr.data_shards <= tr.batch_size and tr.batch_size % tr.data_shards == 0,
@@ -142,6 +145,9 @@ def validate(cfg: Config) -> Config:
     check(ev.batch_size >= 1, f"eval.batch_size must be >= 1, got {ev.batch_size}")
     check_options("task.options", t.options, TASKS[t.name], t.name)
     task = built("task.options", lambda: get_task(t.name, **t.options))
+    if tr.test_options:  # the tested samples' task: the run's, these options replacing its own
+        check_options("train.test_options", tr.test_options, TASKS[t.name], t.name)
+        built("train.test_options", lambda: task_of(t, **tr.test_options))
     check(0 <= t.trailing_pad <= MAX_LENGTH, f"task.trailing_pad must be in 0..{MAX_LENGTH}, got {t.trailing_pad}")
     if t.trailing_pad or t.pad_to_row:  # refused for tasks scored inside the sequence and for coupled position IDs
         import torch
@@ -192,6 +198,8 @@ def check_tests(cfg: Config) -> None:
     tr = cfg.train
     check(tr.test_interval >= 0, f"train.test_interval must be >= 0 (0 = off), got {tr.test_interval}")
     check(tr.test_samples >= 1, f"train.test_samples must be >= 1, got {tr.test_samples}")
+    check(0 <= tr.test_offset < max(tr.test_interval, 1),
+          f"train.test_offset must be in 0..train.test_interval - 1, got {tr.test_offset}")
     if tr.test_lengths:
         try:
             parse_lengths(tr.test_lengths)

@@ -13,6 +13,8 @@ Ties pick the earliest step (strict improvement only), like argmin.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,6 +31,22 @@ def confidence_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
+_PRECISION = contextvars.ContextVar("confidence_precision", default="float64")
+
+
+@contextlib.contextmanager
+def confidence_precision(name: str):
+    """Confidence losses inside the block computed in `name` (eval.confidence_precision):
+    "float64", lengthgen's, or "float32", the released code's cross-entropy of the logits
+    against their argmax (`nn.CrossEntropyLoss` in float32), which rounds a sure read-out's
+    loss to exactly 0."""
+    token = _PRECISION.set(name)
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
+
+
 def token_confidence(logits: Tensor) -> Tensor:
     """(B, L, V) -> (B, L) in confidence_dtype: -log max softmax, >= 0 (0 = certain).
 
@@ -38,7 +56,12 @@ def token_confidence(logits: Tensor) -> Tensor:
     and the argmin takes the earliest of them, right or not. This form stays
     exact until the lead passes about 700 nats. Non-finite logits (a broken
     model) give +inf, the least confident value, so every rule and `readout`
-    treat them alike."""
+    treat them alike. Under confidence_precision("float32"): the released float32 values
+    (held in confidence_dtype, which represents them exactly)."""
+    if _PRECISION.get() == "float32":
+        x = logits.float()
+        loss = -x.log_softmax(-1).gather(-1, x.argmax(-1, keepdim=True))[..., 0]
+        return loss.nan_to_num(nan=math.inf).to(confidence_dtype(logits.device))
     x = logits.to(confidence_dtype(logits.device))
     top = x.max(-1, keepdim=True)
     rest = (x - top.values).exp().scatter(-1, top.indices, 0.0)  # the argmax's own term removed
@@ -105,18 +128,18 @@ def _sample_confidence(model, h: Tensor, sc: Tensor) -> tuple[Tensor, Tensor]:
     return (token_confidence(logits) * sc).sum(1) / sc.sum(1).clamp(min=1), logits
 
 
-def _judge_confidence(model, h, sc):  # the argmin rule: retire only at a loss of exactly 0
+def _judge_confidence(model, h, sc, t):  # the argmin rule: retire only at a loss of exactly 0
     conf, logits = _sample_confidence(model, h, sc)
     return conf, conf <= 0, logits
 
 
-def _judge_first_confident(model, h, sc):
+def _judge_first_confident(model, h, sc, t):
     conf, logits = _sample_confidence(model, h, sc)
     return conf, conf < CONFIDENT, logits
 
 
-def _judge_halt(model, h, sc):
-    z = model.halt_logits(h, sc).to(confidence_dtype(h.device))
+def _judge_halt(model, h, sc, t):
+    z = model.halt_logits(h, sc, t).to(confidence_dtype(h.device))
     return -z, z > 0, model.read(h)
 
 
@@ -124,7 +147,7 @@ def _judge_halt(model, h, sc):
 def per_sample_search(model, batch: Batch, t_max: int, judge, patience: int | None = None,
                       stats: dict | None = None) -> tuple[Tensor, Tensor]:
     """Each sample's read-out at the first iteration t <= t_max where `judge` fires, else at
-    the argmin over t of its value. judge(model, h (k, w, D), scored (k, w)) -> (value (k,),
+    the argmin over t of its value. judge(model, h (k, w, D), scored (k, w), t) -> (value (k,),
     fires (k,) bool, logits (k, w, V)). A sample that fires stops iterating, the others go
     on with fewer rows, so the iterations run are the steps picked. With `patience` p a
     sample also stops once p iterations in a row have not lowered its best value. Ties keep
@@ -144,7 +167,7 @@ def per_sample_search(model, batch: Batch, t_max: int, judge, patience: int | No
         h, e, pos = h[:, :w], e[:, :w], pos[:, :w]
         h = model.step(h, e, pos)  # (k, w, D)
         spent += len(active)
-        value, fires, logits = judge(model, h, scored[active, :w])
+        value, fires, logits = judge(model, h, scored[active, :w], t)
         better = (value < best[active]) | (steps[active] == 0) | fires  # step 1 stands until beaten
         idx = active[better]
         best[idx], steps[idx] = value[better], t
@@ -209,10 +232,10 @@ def trace(model, batch: Batch, t_max: int, metrics: Callable | None = None) -> T
     (h, e, pos), w = start_blanked(model, batch)
     scored, targets = batch.scored[:, :w], batch.targets[:, :w]
     exact, token, conf, batch_conf, extra, halts = [], [], [], [], [], []
-    for _ in range(t_max):
+    for t in range(1, t_max + 1):
         h = model.step(h, e, pos)
         if hasattr(model, "halt_logits"):
-            halts.append(model.halt_logits(h, scored).to(confidence_dtype(h.device)))
+            halts.append(model.halt_logits(h, scored, t).to(confidence_dtype(h.device)))
         logits = model.read(h)  # (B, w, V)
         pred = logits.argmax(-1)
         right = (pred == targets) & scored

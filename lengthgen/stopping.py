@@ -154,11 +154,11 @@ class FirstConfident(StopRule):
 class Halt(StopRule):
     name, usage, arity = "halt", "halt[:T_MAX|:+N]", (0, 1)
     relative_ok = True
-    marker, label = "D", "halting head (per sample, mean)"
+    marker, label = "D", "halting head (per sample, mean)"  # or probe, or clock: whichever the run has
 
     def check(self, method):
         if not method.has_halt_head:
-            raise ValueError(f"stop rule halt reads a halting head: train with method looped-halt or looped-halt-probe, not {method.name}")
+            raise ValueError(f"stop rule halt reads a halting head: train with method looped-halt, looped-halt-probe or looped-clock, not {method.name}")
         return self
 
     def run(self, model, batch):

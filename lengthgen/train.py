@@ -32,7 +32,7 @@ from .errors import TrainingDiverged, UserError
 from .methods import get_method
 from .tasks import Batch, Task, task_of
 from .tasks.base import sample_mixed
-from .training_tests import PREFIX, run_tests
+from .training_tests import PREFIX, due, run_tests
 from .transforms import build_transform
 
 
@@ -223,9 +223,12 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
             if tr.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             optimizer.step()
-            if ema is not None:
+            if ema is not None and step + 1 >= tr.ema_start:  # the EMA starts as the weights after step ema_start
                 with torch.no_grad():
-                    torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
+                    if step + 1 == tr.ema_start:
+                        torch._foreach_copy_(list(ema.parameters()), list(model.parameters()))
+                    else:
+                        torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
             step += 1
             # accumulate on the device: no host sync per step on GPUs
             loss_sum += loss
@@ -236,7 +239,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
             if last:  # e.g. fit a probe on the trained model, in the weights that are tested
                 for trained in (model, ema) if ema is not None else (model,):
                     method.finish(trained, cfg, task, device)
-            tested = tr.test_interval > 0 and (step % tr.test_interval == 0 or last)
+            tested = tr.test_interval > 0 and (due(cfg, step) or last)
             if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or tested:
                 # every process's losses and samples (the same tensors in a single process)
                 losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(
@@ -251,7 +254,8 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
                        "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
                 if tested and ranks.main:  # its seconds are not training time
                     began = time.perf_counter()
-                    row.update(run_tests(cfg, task, method, ema if ema is not None else model, high, device))
+                    tested_weights = ema if ema is not None and step >= tr.ema_start else model
+                    row.update(run_tests(cfg, task, method, tested_weights, high, device))
                     start_time += time.perf_counter() - began
                 if ranks.main:
                     log.write(json.dumps(row) + "\n")

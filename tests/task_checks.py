@@ -115,9 +115,10 @@ SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_additio
 
 # ---------------------------------------------------------------- layout check
 
-def check_layout(task: Task, batch: Batch, n: int | torch.Tensor) -> None:
+def check_layout(task: Task, batch: Batch, n: int | torch.Tensor, empty_ok: bool = False) -> None:
     """Vectorised checks of the Batch layout that do not use to_text.
-    n: the problem length of every sample, or a (B,) tensor of per-sample lengths."""
+    n: the problem length of every sample, or a (B,) tensor of per-sample lengths;
+    empty_ok: answers may have no token (Binary Sum's released zero), only the EOS."""
     B, L = batch.inputs.shape
     assert batch.targets.shape == (B, L)
     for t in (batch.question_len, batch.lengths, batch.n_steps):
@@ -128,7 +129,7 @@ def check_layout(task: Task, batch: Batch, n: int | torch.Tensor) -> None:
     e = int(task.eos)  # one scored EOS after answers whose length varies
     scored_count = batch.scored.sum(1)[:, None]
     a = scored_count - e  # answer tokens
-    assert (a >= 1).all()
+    assert (a >= (0 if empty_ok else 1)).all()
     end = q - 1 + scored_count  # one past the last scored (= last input) column
     assert L == int(end.max())  # no all-padding column
     j = torch.arange(L)[None, :]

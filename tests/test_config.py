@@ -78,6 +78,9 @@ def test_overrides_are_typed_and_win():
     ("train.halt_loss_weight=-1", ["train.halt_loss_weight", ">= 0"]),
     ("model.embed_bias=1", ["model.embed_bias", "bool"]),
     ("task.pad_to_row=yes", ["task.pad_to_row", "bool"]),
+    ("eval.confidence_precision=float16", ["eval.confidence_precision", "float64, float32"]),
+    ("train.ema_start=-1", ["train.ema_start", "0..train.steps - 1"]),
+    ("task.options={empty_zero=true}", ["task.options", "empty_zero"]),
 ])
 def test_bad_values_name_the_key(override, names):
     with pytest.raises(ConfigError) as err:

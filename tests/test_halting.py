@@ -1,5 +1,5 @@
-"""Trained per-sample stopping: the losses of looped-halt and looped-uncertain against
-brute force, the `halt` and `first-confident` rules, and a tiny run that learns to halt."""
+"""Trained per-sample stopping: the losses of looped-halt, looped-uncertain and looped-clock
+against brute force, the `halt` and `first-confident` rules, and tiny runs that learn to halt."""
 import math
 
 import pytest
@@ -59,9 +59,42 @@ def test_uncertain_loss_is_cross_entropy_to_uniform_before_the_right_step():
     assert float(expected.detach()) > 0  # a random read-out is not uniform
 
 
+def test_clock_loss_is_squared_error_to_the_phase_pi_t_over_t_n():
+    method, model = build("looped-clock", weight=0.5)
+    batch = mixed_batch()
+    errors = []
+    for _, t, T, h, sc in each_step(model, batch):
+        z = model.halt_head(h)[0][sc[0]].mean(0)  # (2,): the clock, averaged over the answer
+        phase = torch.tensor(math.pi * t / T)
+        errors.append((z - torch.stack([phase.cos(), phase.sin()])).pow(2).sum())
+    expected = 0.5 * torch.stack(errors).mean()
+    extra = method.loss(model, batch) - looped_loss(model, batch)
+    assert torch.allclose(extra, expected, atol=1e-5), (extra, expected)
+
+
+def first_firing_step(phases, scale=1.0):
+    """The first t (1-based) at which clock_logit fires for a clock reading these phases."""
+    z = scale * torch.tensor([[math.cos(p), math.sin(p)] for p in phases])
+    fires = [bool(halting.clock_logit(z[t - 1:t], t)[0] > 0) for t in range(1, len(phases) + 1)]
+    return fires.index(True) + 1 if any(fires) else None
+
+
+def test_clock_logit_fires_where_the_phase_implies_t_n():
+    for T in (1, 2, 3, 7, 12, 24, 100):
+        exact = [math.pi * t / T for t in range(1, 2 * T + 2)]
+        assert first_firing_step(exact, scale=0.3) == T, T  # only the angle counts, not the length
+        # off by less than half a step either way: still T; a full step slow: one late
+        assert first_firing_step([p * (1 + 0.3 / T) for p in exact]) == T, T
+        assert first_firing_step([p * (1 - 0.3 / T) for p in exact]) == T, T
+        assert first_firing_step([math.pi * t / (T + 1) for t in range(1, 2 * T + 4)]) == T + 1, T
+    # a reading just below 0 early is early (no wrap to 2 pi); just past pi late is done
+    assert halting.clock_phase(torch.tensor([[1.0, -0.01]])).item() == pytest.approx(-0.01, abs=1e-4)
+    assert halting.clock_phase(torch.tensor([[-1.0, -0.01]])).item() == pytest.approx(math.pi + 0.01, abs=1e-4)
+
+
 def test_stopping_losses_reach_the_block_and_start_from_the_plain_model():
     plain = build("looped")[1]
-    for name in ("looped-halt", "looped-uncertain"):
+    for name in ("looped-halt", "looped-uncertain", "looped-clock"):
         method, model = build(name)
         for key, value in plain.state_dict().items():  # same seed: the same weights, the head is extra
             assert torch.equal(model.state_dict()[key], value), key
@@ -72,7 +105,7 @@ def test_stopping_losses_reach_the_block_and_start_from_the_plain_model():
 
 
 def test_every_sample_of_length_one_has_no_negative_step():
-    for name in ("looped-halt", "looped-uncertain"):
+    for name in ("looped-halt", "looped-uncertain", "looped-clock"):
         method, model = build(name)
         batch = get_task("copy").sample(4, 1, torch.Generator().manual_seed(0))
         assert torch.isfinite(method.loss(model, batch)), name
@@ -85,9 +118,10 @@ class ScriptedHalt(Scripted):
         super().__init__(table)
         self.halt = torch.tensor(halt, dtype=torch.float32)
 
-    def halt_logits(self, h, scored):
-        b, t = h[:, 0, 0].long(), h[:, 0, 1].long() - 1
-        return self.halt[t, b]
+    def halt_logits(self, h, scored, t):
+        b, step = h[:, 0, 0].long(), h[:, 0, 1].long() - 1
+        assert bool((step == t - 1).all())  # the rule passes the iteration it reads
+        return self.halt[step, b]
 
 
 def test_halt_stops_at_the_first_positive_logit_else_the_largest():
@@ -129,8 +163,9 @@ def test_first_confident_stops_below_log_2_else_at_the_most_confident():
         assert torch.equal(pred[b], model.table[t - 1, b].argmax(-1))
 
 
-def test_rules_on_a_real_halting_model_match_the_trace():
-    _, model = build("looped-halt")
+@pytest.mark.parametrize("name", ["looped-halt", "looped-clock"])
+def test_rules_on_a_real_halting_model_match_the_trace(name):
+    _, model = build(name)
     model.eval()
     batch = mixed_batch()
     tr = stop_passes.trace(model, batch, 16)
@@ -143,9 +178,10 @@ def test_rules_on_a_real_halting_model_match_the_trace():
 
 
 def test_halt_needs_a_halting_head(tmp_path):
-    with pytest.raises(ValueError, match="looped-halt"):
+    with pytest.raises(ValueError, match="looped-halt, looped-halt-probe or looped-clock"):
         stopping.parse_rule("halt").check(get_method("looped"))
     assert stopping.parse_rule("halt:+20").check(get_method("looped-halt")).relative
+    assert stopping.parse_rule("halt").check(get_method("looped-clock"))
     with pytest.raises(ValueError, match="first-confident"):
         stopping.parse_rule("first-confident:x")
 
@@ -187,6 +223,16 @@ def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
         oracle, _ = method.predict_stop(model, batch, "oracle")
         same = ((pred == oracle) | ~batch.scored).all(1).float().mean()
         assert float((steps == n).float().mean()) >= 0.9 and float(same) >= 0.9, (n, steps.tolist()[:10], same)
+
+
+def test_looped_clock_learns_to_stop_at_t_n(tmp_path):
+    """The clock must read T(n) at the training lengths of a tiny Parity run."""
+    from lengthgen.evaluate import eval_batches
+    task, method, model = train_tiny_parity(tmp_path / "run", "looped-clock", 600, 20)
+    for n in (2, 4, 6):
+        batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
+        _, steps = method.predict_stop(model, batch, "halt")
+        assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
 
 
 def test_pooled_states_are_the_answer_and_question_means():

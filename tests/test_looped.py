@@ -228,6 +228,21 @@ def test_confidence_separates_steps_a_float32_softmax_rounds_to_zero():
     assert torch.allclose(tr.confidence, torch.tensor(conf, dtype=torch.float64), rtol=1e-3, atol=0)
 
 
+def test_released_float32_confidence_ties_sure_steps_at_zero():
+    """eval.confidence_precision = "float32" is the released nn.CrossEntropyLoss: the same three
+    rows give 0 wherever the lead is past ~17 nats, so ties take the earliest step."""
+    conf = [[1e-9, 0.3, 0.5], [1e-12, 0.2, 0.5], [1e-10, 0.1, 1e-15]]
+    batch, model = scripted_case(conf)
+    with stop_passes.confidence_precision("float32"):
+        _, steps = stop_passes.confidence_per_sample(model, batch, 3)
+        tr = stop_passes.trace(model, batch, 3)
+        released = F.cross_entropy(model.table[0, 0], model.table[0, 0].argmax(-1), reduction="none")
+        assert torch.equal(stop_passes.token_confidence(model.table[0])[0].float(), released)
+    assert steps.tolist() == [1, 3, 3]  # sample 0: steps 1 and 2 both 0.0, the earliest wins
+    assert tr.confidence[:2, 0].tolist() == [0.0, 0.0]
+    assert stop_passes.confidence_per_sample(model, batch, 3)[1].tolist() == [2, 3, 3]  # float64 again outside
+
+
 def test_fixed_and_oracle_steps():
     batch, model = scripted_case(CONF)
     pred, steps = stop_passes.fixed(model, batch, 3)

@@ -107,7 +107,7 @@ def test_the_docs_have_a_table_for_every_paper_preset_and_a_list_of_the_rest():
     for task in TASKS:
         expected(task)
     assert len(tables) == len(TASKS) + 1, sorted(tables)
-    assert "\n### Not expressible yet\n" in doc_section()
+    assert "\n### Still different\n" in doc_section()
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -143,6 +143,11 @@ def test_the_preset_keeps_the_released_configuration(task):
     assert (cfg.train.test_interval, cfg.train.test_samples) == (1000, 512)
     assert config.parse_lengths(cfg.train.test_lengths) == [test_len]
     assert cfg.train.test_stops == ["oracle", f"confidence:+{30 if task in ('multiplication', 'unique_set') else 20}"]
+    assert cfg.train.test_offset == 1  # `if (i) % 1000 == 0` after update i + 1: updates 1, 1001, ...
+    assert cfg.train.test_options == ({"min_a_bits": 2} if task == "multiplication" else {})
+    assert cfg.eval.confidence_precision == "float32"  # nn.CrossEntropyLoss on float32 logits
+    assert cfg.train.ema_start == end * interval + 2  # the EMA restart at i == end * interval + 1
+    assert cfg.task.options.get("empty_zero", False) is (task == "binary_sum")  # decimal_to_binary(0) == []
 
 
 @pytest.mark.parametrize("task", TASKS)

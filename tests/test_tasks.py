@@ -47,6 +47,24 @@ def test_answers_at_length_500(name):
     check_answers(task, batch, 500, SOLVERS[name])
 
 
+def test_binary_sum_empty_zero_as_released():
+    """empty_zero: a count of zero has no answer token, the '=' predicts the EOS; the rest as before."""
+    task, plain = get_task("binary_sum", empty_zero=True), get_task("binary_sum")
+    zeros = 0
+    for n in (1, 2, 3, 5, 9):
+        batch = task.sample(300, n, torch.Generator().manual_seed(n))
+        check_layout(task, batch, n, empty_ok=True)
+        check_answers(task, batch, n, lambda q, n: ("" if "1" not in q else SOLVERS["binary_sum"](q, n)[0], n))
+        empty = batch.scored.sum(1) == 1
+        zeros += int(empty.sum())
+        assert torch.equal(empty, (batch.inputs[:, :n] == task.token_id("0")).all(1))
+        same = plain.sample(300, n, torch.Generator().manual_seed(n))  # the same draws, "0" written
+        assert torch.equal(same.inputs[:, :n], batch.inputs[:, :n])
+    assert zeros > 100
+    with pytest.raises(ValueError, match="empty_zero"):
+        get_task("binary_sum", empty_zero=1)
+
+
 @pytest.mark.parametrize("max_a_bits", [1, 3])
 def test_multiplication_other_a_widths(max_a_bits):
     task = get_task("multiplication", max_a_bits=max_a_bits)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from lengthgen import presets
-from lengthgen.errors import TrainingDiverged, UserError
+from lengthgen.errors import ConfigError, TrainingDiverged, UserError
 from lengthgen.evaluate import accuracy_at, load_run
 from lengthgen.methods import NextTokenPrediction
 from lengthgen.tasks import get_task
@@ -123,6 +123,24 @@ def test_ema_weights_follow_the_recursion(tmp_path):
     name = "blocks.0.mlp.fc.weight" if "blocks.0.mlp.fc.weight" in new else next(k for k in new if k.endswith("weight") and new[k].dim() == 2)
     assert not torch.equal(new[name], init[name])
     assert torch.allclose(ema[name], 0.9 * init[name] + 0.1 * new[name], atol=1e-6)
+
+
+def test_ema_start_restarts_the_ema_from_the_weights_then(tmp_path):
+    """train.ema_start = 3: the EMA is the weights after step 3, then follows the recursion (the
+    released code's restart at the curriculum's end). Run A stops at step 3 with the same data
+    and constant rate, so its weights are B's at step 3."""
+    a = tiny("train.steps=3", "train.lr=0.05", "train.schedule=constant")
+    b = tiny("train.steps=4", "train.lr=0.05", "train.schedule=constant", "train.ema=0.9", "train.ema_start=3")
+    train(a, tmp_path / "a", progress=False)
+    train(b, tmp_path / "b", progress=False)
+    at3 = load_file(tmp_path / "a" / "checkpoints" / "step_00000003" / "model.safetensors")
+    ckpt = tmp_path / "b" / "checkpoints" / "step_00000004"
+    new, ema = load_file(ckpt / "model.safetensors"), load_file(ckpt / "ema.safetensors")
+    for name in new:
+        assert torch.allclose(ema[name], 0.9 * at3[name] + 0.1 * new[name], atol=1e-6), name
+    assert any(not torch.equal(at3[k], new[k]) for k in new)
+    with pytest.raises(ConfigError, match="train.ema_start must be in 0..train.steps - 1"):
+        tiny("train.steps=4", "train.ema_start=4")
 
 
 def _cli(*args: str) -> list[str]:

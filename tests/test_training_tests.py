@@ -79,7 +79,30 @@ def test_ntp_runs_test_without_stop_rules(tmp_path):
     assert [sorted(k for k in r if k.startswith("test@")) for r in rows if "test@max" in r] == [["test@5", "test@max"]] * 2
 
 
+def test_test_offset_moves_the_tests_as_the_released_code(tmp_path):
+    """test_offset 1: after steps 1, 41, 81 (the released i % 1000 == 0 comes after update i + 1), and the last."""
+    rows = run(tmp_path / "r", "train.test_interval=40", "train.test_offset=1")
+    assert [r["step"] for r in rows if "test@max" in r] == [1, 41, 81, 120]
+
+
+def test_test_options_set_the_tested_samples_task(tmp_path):
+    """Multiplication tested with the short factor fixed at 2 bits, as the released tests: the
+    last test equals the evaluator on that task option, not on the training one."""
+    folder = tmp_path / "mult"
+    cfg = presets.load(None, ["method=looped", *TINY, "task.name=multiplication", "train.test_interval=60",
+                              "train.test_lengths=5", "train.test_samples=256", "train.test_options={min_a_bits = 2}"])
+    train(cfg, folder, progress=False)
+    last = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
+    got = evaluate_run(folder, [5], samples=256, sweep={"min_a_bits": [1, 2]}, progress=False)
+    by = {r["min_a_bits"]: r["accuracy"] for r in got}  # option values as CSV cells
+    assert by["2"] == pytest.approx(last["test@5"], abs=1e-9), (by, last["test@5"])
+    assert abs(by["1"] - by["2"]) > 0.02, by  # the option changes what is measured: the check can fail
+
+
 @pytest.mark.parametrize("extra, needle", [
+    (["train.test_interval=40", "train.test_offset=40"], "train.test_offset must be in 0..train.test_interval - 1"),
+    (["train.test_options={max_a_bits = 2}"], "train.test_options"),
+    (["task.name=multiplication", "train.test_options={min_a_bits = 3}"], "train.test_options: multiplication: min_a_bits"),
     (["train.test_interval=-1"], "train.test_interval must be >= 0"),
     (["train.test_samples=0"], "train.test_samples must be >= 1"),
     (["train.test_lengths=abc"], "train.test_lengths"),

@@ -3,8 +3,9 @@
     question "10111="  ->  answer "001"   (four ones; 4 = 100 in binary, reversed)
 
 The answer has no trailing (most significant) zeros; a count of zero is
-written "0" (the authors' code leaves that answer empty). Answer lengths
-differ between samples of the same n.
+written "0", or, with `empty_zero = true` as in the authors' code (whose
+`decimal_to_binary(0)` is empty), not at all: the '=' predicts the end of the
+answer at once. Answer lengths differ between samples of the same n.
 
 T(n) = n looped steps (one per input bit).
 """
@@ -22,6 +23,11 @@ class BinarySum(Task):
     answer_symbols = 2
     example = "10111= -> 001"
 
+    def __init__(self, *, empty_zero: bool = False):
+        if not isinstance(empty_zero, bool):
+            raise ValueError(f"binary_sum: empty_zero must be true or false, got {empty_zero!r}")
+        self.empty_zero = empty_zero
+
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, bits = self.random_bits(batch_size, length, generator)  # (B,), (B, max n)
         zero, equals = self.token_id("0"), self.token_id("=")
@@ -29,5 +35,5 @@ class BinarySum(Task):
         count = bits.sum(1, keepdim=True)  # (B, 1)
         shifted = count >> torch.arange(bits.shape[1].bit_length())  # (B, K): count >> k
         answer = (shifted & 1) + zero  # LSB first
-        answer_len = (shifted > 0).sum(1).clamp(min=1)  # bit length, "0" for zero
+        answer_len = (shifted > 0).sum(1).clamp(min=0 if self.empty_zero else 1)  # bit length; "0" or nothing for zero
         return assemble(question, n + 1, answer, answer_len, lengths=n, n_steps=n.clone())
