@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,7 @@ def test_tensorboard_and_offline_wandb_hold_every_line_and_continue_on_resume(tm
     assert sorted(tensorboard_scalars(folder, "train/loss")) == [5, 10, 15, 20]
     run_id = (folder / "wandb" / "run_id").read_text().strip()
     monkeypatch.setattr(checkpoint, "save", real_save)
+    time.sleep(1.0)  # W&B names an offline run folder by its start second: two sessions in one second share one
     train(cfg, folder, resume=True, progress=False)
 
     rows = metrics(folder)
