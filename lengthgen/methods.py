@@ -295,8 +295,8 @@ def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
 
 METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
                                     "looped-wo-injection": LoopedNoInjection,
-                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe, "looped-clock": LoopedClock,
-                                    "looped-uncertain": LoopedUncertain,
+                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe,
+                                    "looped-uncertain": LoopedUncertain, "looped-clock": LoopedClock,
                                     "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
                                     "ppc": PredictivePositionCoupling}
 

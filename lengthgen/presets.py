@@ -13,9 +13,9 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED,
-                     MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS, Config, _hint,
-                     from_data, parse_lengths, read)
+from .config import (CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED,
+                     MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS,
+                     Config, _hint, from_data, parse_lengths, read)
 from .errors import ConfigError
 from .methods import METHODS, get_method
 from .positions import SCHEMES, PositionalScheme
