@@ -72,13 +72,13 @@ class HaltingLooped(LoopedTransformer):
         scored positions, or the clock's reading at t (`clock_logit`)."""
         if self.head_kind == "probe":
             return self.halt_head(pooled_states(h, scored)).float()
-        z = answer_mean(self.halt_head(h).float(), scored)  # (B, 1) or, for the clock, (B, 2)
+        z = masked_mean(self.halt_head(h).float(), scored)  # (B, 1) or, for the clock, (B, 2)
         return clock_logit(z, t) if self.head_kind == "clock" else z[:, 0]
 
 
-def answer_mean(z: Tensor, scored: Tensor) -> Tensor:
-    """(B, L, C), (B, L) bool -> (B, C): the mean over each sample's scored positions."""
-    return (z * scored[..., None]).sum(1) / scored.sum(1, keepdim=True).clamp(min=1)
+def masked_mean(z: Tensor, mask: Tensor) -> Tensor:
+    """(B, L, C), (B, L) bool -> (B, C): the mean over each sample's masked positions."""
+    return (z * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
 
 
 def clock_phase(z: Tensor) -> Tensor:
@@ -118,7 +118,7 @@ def pooled_states(h: Tensor, scored: Tensor) -> Tensor:
     L = scored.shape[1]
     first = torch.where(scored.any(1), scored.float().argmax(1), L)
     question = torch.arange(L, device=scored.device)[None] <= first[:, None]
-    return torch.cat([(h * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1) for m in (scored, question)], -1)
+    return torch.cat([masked_mean(h, m) for m in (scored, question)], -1)
 
 
 PROBE_EXTRA = 4  # iterations past T(n) in the probe's data: "done" must hold after the right step too
@@ -189,6 +189,13 @@ def _token_rows(batch: Batch, order: Tensor, layout: Packed) -> tuple[Tensor, Te
     return scored, row
 
 
+def packed_row_mean(z: Tensor, scored: Tensor, row: Tensor, k: int) -> Tensor:
+    """(N, C) per-token head outputs of packed rows 0..k-1, their scored (N,) and row (N,) ->
+    (k, C): each row's mean over its scored tokens (masked_mean for packed rows)."""
+    s = scored.float()[:, None]
+    return z.new_zeros(k, z.shape[1]).index_add(0, row, z * s) / s.new_zeros(k, 1).index_add(0, row, s).clamp(min=1)
+
+
 def _row_ends(layout: Packed) -> list[int]:
     """ends[r]: one past the last token of row r - 1 (ends[0] = 0)."""
     return [0, *itertools.accumulate(layout.widths)]
@@ -200,10 +207,8 @@ def halt_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tenso
     ends = _row_ends(layout)
     sums = {True: [], False: []}  # per-row losses of the done and the not-done pairs
     for h, done, k in every_step:
-        z = model.halt_head(h[:ends[k]])[:, 0].float()  # (tokens of rows 0..k-1,)
-        s = scored[:ends[k]].float()
-        r = row[:ends[k]]
-        logit = z.new_zeros(k).index_add(0, r, z * s) / s.new_zeros(k).index_add(0, r, s).clamp(min=1)
+        z = model.halt_head(h[:ends[k]]).float()  # (tokens of rows 0..k-1, 1)
+        logit = packed_row_mean(z, scored[:ends[k]], row[:ends[k]], k)[:, 0]
         label = (torch.arange(k, device=z.device) >= done).float()
         loss = F.binary_cross_entropy_with_logits(logit, label, reduction="none")
         sums[True].append(loss[done:])
@@ -243,9 +248,7 @@ def clock_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tens
     steps = per_sample_steps(batch)[order].float()
     total, count = 0.0, 0
     for t, (h, _, k) in enumerate(every_step, start=1):
-        s = scored[:ends[k], None].float()
-        z = model.halt_head(h[:ends[k]]).float() * s  # (tokens of rows 0..k-1, 2)
-        mean = z.new_zeros(k, 2).index_add(0, row[:ends[k]], z) / s.new_zeros(k, 1).index_add(0, row[:ends[k]], s).clamp(min=1)
+        mean = packed_row_mean(model.halt_head(h[:ends[k]]).float(), scored[:ends[k]], row[:ends[k]], k)  # (k, 2)
         phase = math.pi * t / steps[:k]
         total = total + (mean - torch.stack([phase.cos(), phase.sin()], -1)).pow(2).sum()
         count += k

@@ -11,7 +11,8 @@ from lengthgen.errors import UserError
 from lengthgen.looped import looped_loss, per_sample_steps
 from lengthgen.methods import get_method
 from lengthgen.tasks import get_task
-from test_looped import Scripted, mixed_batch, scripted_case
+from test_looped import mixed_batch
+from test_stop_rules import Scripted, scripted_case
 
 
 def build(method, weight=1.0, seed=0):
