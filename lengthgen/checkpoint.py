@@ -85,6 +85,11 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
     (tmp / "state.json").write_text(json.dumps({**state, "step": step, "sha256": digests}, indent=1))
+    # safetensors writes its files 0600; every file of a run gets the mode the umask gives the others
+    # (state.json's), so a colleague on a shared filesystem can evaluate the run
+    mode = (tmp / "state.json").stat().st_mode & 0o777
+    for file in tmp.iterdir():
+        file.chmod(mode)
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

@@ -76,6 +76,8 @@ def cmd_eval(args) -> None:
         raise UserError(f"--seed must be in [0, 2**40), as eval.seed, got {args.seed}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.position_draws is not None and not 1 <= args.position_draws <= 1000:
+        raise UserError(f"--position-draws must be in [1, 1000], got {args.position_draws}")
     if args.lengths is None or args.samples is None:
         saved = load_run(args.run)[0].eval
         args.lengths = saved.lengths if args.lengths is None else args.lengths
@@ -89,14 +91,16 @@ def cmd_eval(args) -> None:
             (key, values), = option.items()
             sweep[key] = values if isinstance(values, list) else [values]
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
-                        args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep)
+                        args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep,
+                        out=Path(args.out) if args.out else None, position_draws=args.position_draws)
     swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0]["task"], rows[0]["method"])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
     for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
         if swept:
             print(", ".join(f"{k} = {v}" for k, v in zip(swept, key[1:])))
         print(format_table([r for r in rows if group(r) == key]))
-    print(f"wrote {Path(args.run) / 'eval.csv'}" + (f" and {Path(args.run) / 'per_step.csv'}" if args.per_step else ""))
+    out = Path(args.out or args.run)
+    print(f"wrote {out / 'eval.csv'}" + (f" and {out / 'per_step.csv'}" if args.per_step else ""))
 
 
 def cmd_report(args) -> None:
@@ -156,8 +160,10 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("preset", nargs="?", help="TOML preset, e.g. experiments/core/parity-ntp.toml")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.n_layer=3")
     tr.add_argument("--out", help="run folder (default runs/<preset>-s<seed>)")
-    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    tr.add_argument("--force", action="store_true", help="overwrite an existing run folder")
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint "
+                    "(one stopped before its first checkpoint starts again from step 0 with its saved config)")
+    tr.add_argument("--force", action="store_true", help="delete and replace an existing run folder (only a "
+                    "lengthgen run: a folder holding other files, or the current folder, is refused)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_train)
 
@@ -176,6 +182,11 @@ def parser() -> argparse.ArgumentParser:
                         "(default: the run's eval.sweep); rows carry a column per option")
     e.add_argument("--per-step", action="store_true",
                    help="looped methods: also record accuracy and confidence after every iteration -> per_step.csv")
+    e.add_argument("--position-draws", type=int, default=None,
+                   help="runs trained with randomized position IDs: read each test sample under N draws of "
+                        "its IDs and average (default: the run's eval.position_draws)")
+    e.add_argument("--out", help="write eval.csv (with a copy of the run's config.toml) into this folder "
+                   "instead of the run's, e.g. for a run on a shared filesystem one cannot write")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval)
 

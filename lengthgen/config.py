@@ -111,6 +111,9 @@ class EvalConfig:
     seed: int = 1234  # evaluation data seed, fixed and separate from training
     sweep: dict = field(default_factory=dict)  # task options varied in evaluation, e.g. {k = [2, 4]}: rows per value
     confidence_precision: str = "float64"  # looped confidence losses: float64, or float32 as the released code
+    # a position transform that draws IDs at evaluation too (randomized): each test sample is read under
+    # this many independent draws (from the evaluation seed) and every metric averaged over them
+    position_draws: int = 1
 
 
 @dataclass

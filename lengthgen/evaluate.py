@@ -9,10 +9,12 @@ previous evaluation of the same checkpoint at other lengths are kept.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import itertools
 import json
 import math
+import shutil
 import sys
 from collections import defaultdict
 from dataclasses import replace
@@ -24,11 +26,13 @@ from tqdm.auto import tqdm
 from . import checkpoint
 from .config import Config
 from .presets import from_dict
+from .run_folders import check_eval_out, check_writable
 from .errors import UserError
 from .methods import METHODS, Method, get_method
 from .stop_passes import confidence_precision, trace
 from .stopping import default_t_max, parse_rule, readout
 from .tasks import TASKS, Batch, Task, measure, task_of
+from .transforms import PositionTransform, build_transform
 from .devices import autocast, native_bf16, pick_device
 
 COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
@@ -111,30 +115,46 @@ def eval_generator(seed: int, length: int) -> torch.Generator:
 EVAL_CHUNK = 256
 
 
-def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: int, device: torch.device):
-    """The fixed test set of one length, `samples` samples in batches of `batch_size` on `device`."""
+def ids_generator(seed: int, length: int, draw: int) -> torch.Generator:
+    """The stream of evaluation position IDs (a transform that draws them at evaluation), apart
+    from the samples' stream: draw d of one length's test set is the same whatever else is asked."""
+    digest = hashlib.sha256(f"position-ids:{seed}:{length}:{draw}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: int, device: torch.device,
+                 transform: PositionTransform | None = None, draw: int = 0):
+    """The fixed test set of one length, `samples` samples in batches of `batch_size` on `device`,
+    with the position IDs `transform` gives at evaluation (draw `draw` of them)."""
     generator = eval_generator(seed, length)
-    test = Batch.concat([task.sample(min(EVAL_CHUNK, samples - done), length, generator)
-                         for done in range(0, samples, EVAL_CHUNK)])
+    chunks = [task.sample(min(EVAL_CHUNK, samples - done), length, generator) for done in range(0, samples, EVAL_CHUNK)]
+    if transform is not None and transform.random_at_evaluation:
+        ids = ids_generator(seed, length, draw)
+        chunks = [transform.evaluation(chunk, ids) for chunk in chunks]
+    test = Batch.concat(chunks)
     for start in range(0, samples, batch_size):
         yield test.select(torch.arange(start, min(start + batch_size, samples))).to(device)
 
 
 @torch.no_grad()
 def accuracy_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int,
-                seed: int, device: torch.device, stop: str | None = None) -> tuple[float, float, float]:
+                seed: int, device: torch.device, stop: str | None = None,
+                transform: PositionTransform | None = None) -> tuple[float, float, float]:
     """(exact-match accuracy, token accuracy, mean read-out step) over `samples` test samples
     of one length; the step is NaN for methods without a stop rule."""
-    results, _ = rules_at(task, method, model, length, samples, batch_size, seed, device, [stop])
+    results, _ = rules_at(task, method, model, length, samples, batch_size, seed, device, [stop], transform=transform)
     return tuple(results[stop][k] for k in METRICS)
 
 
 @torch.no_grad()
 def rules_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int, seed: int,
-             device: torch.device, stops: list[str | None], per_step: bool = False) -> tuple[dict, list[dict]]:
+             device: torch.device, stops: list[str | None], per_step: bool = False,
+             transform: PositionTransform | None = None, draws: int = 1) -> tuple[dict, list[dict]]:
     """({stop: {metric: mean over the samples}}, per-step rows) on one length's test samples;
     the metrics are accuracy (exact match), token_accuracy, stop_step (NaN without a stop
-    rule) and the task's own.
+    rule) and the task's own. A `transform` that draws position IDs at evaluation
+    (`randomized`) reads each sample under `draws` independent draws, and every mean is
+    over samples x draws.
 
     With several looped rules or `per_step`, each batch runs once to the longest
     iteration any of them needs (`stopping.trace`) and every rule is read out of
@@ -148,7 +168,10 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
     sums = {stop: defaultdict(float) for stop in stops}
     curve = None  # per-step sums over samples: exact (T,), confidence (T,)
     oracle_sum = 0.0
-    for batch in eval_batches(task, length, samples, batch_size, seed, device):
+    draws = draws if transform is not None and transform.random_at_evaluation else 1
+    batches = (batch for draw in range(draws)
+               for batch in eval_batches(task, length, samples, batch_size, seed, device, transform, draw))
+    for batch in batches:
         tr = None
         if per_step or len(stops) > 1:
             needs = [rule.steps_needed(batch) for rule in rules] + ([default_t_max(batch)] if per_step else [])
@@ -171,9 +194,10 @@ def rules_at(task: Task, method: Method, model, length: int, samples: int, batch
                 exact, conf = exact[:t] + curve[0][:t], conf[:t] + curve[1][:t]
             curve = (exact, conf)
             oracle_sum += float(batch.n_steps.float().sum())
-    results = {stop: {name: total / samples for name, total in sums[stop].items()} for stop in stops}
-    steps_rows = [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / samples,
-                   "confidence": float(c) / samples, "oracle_step": oracle_sum / samples}
+    count = samples * draws
+    results = {stop: {name: total / count for name, total in sums[stop].items()} for stop in stops}
+    steps_rows = [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / count,
+                   "confidence": float(c) / count, "oracle_step": oracle_sum / count}
                   for t, (a, c) in enumerate(zip(*curve))] if per_step else []
     return results, steps_rows
 
@@ -196,16 +220,24 @@ def sweep_variants(sweep: dict) -> list[dict]:
 
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
                  seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
-                 progress: bool = True, sweep: dict | None = None) -> list[dict]:
+                 progress: bool = True, sweep: dict | None = None, out: Path | None = None,
+                 position_draws: int | None = None) -> list[dict]:
     """Evaluate a run at `lengths` under each stop rule in `stops` (methods with stop rules;
     default oracle), for every combination of the task options in `sweep` (default the
-    run's eval.sweep); write RUN/eval.csv (and RUN/per_step.csv with per_step)."""
+    run's eval.sweep); write RUN/eval.csv (and RUN/per_step.csv with per_step), or into `out`
+    (with a copy of the run's config.toml, which the report reads) for a run one cannot write.
+    A position transform that draws IDs at evaluation reads each sample under `position_draws`
+    draws (default the run's eval.position_draws)."""
     folder = Path(folder)
     lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     cfg, task, method, model, step = load_run(folder)
     labels = read_labels(folder)
+    out = folder if out is None else Path(out)
+    if out.resolve() != folder.resolve():
+        check_eval_out(out, folder)
+    check_writable(out, "give --out DIR to write the evaluation elsewhere" if out == folder else "give another --out")
     # read before the long evaluation: an unreadable old file must stop us now, not after it
-    old = read_rows(folder / "eval.csv") if (folder / "eval.csv").exists() else []
+    old = read_rows(out / "eval.csv") if (out / "eval.csv").exists() else []
     if stops and not method.has_stop_rules:
         raise UserError(f"--stop applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
     if per_step and not method.has_stop_rules:
@@ -235,6 +267,11 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         precision = "fp32"
     seed = cfg.eval.seed if seed is None else seed
     batch_size = batch_size or cfg.eval.batch_size
+    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
+    draws = cfg.eval.position_draws if position_draws is None else position_draws
+    if draws > 1 and not transform.random_at_evaluation:
+        raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
+                        f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
     rows, steps_rows, position_rows = [], [], []
     cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
@@ -251,7 +288,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
                     curve = []
                 else:
                     results, curve = rules_at(variant, method, model, length, samples, batch_size, seed, device,
-                                              stops, per_step)
+                                              stops, per_step, transform, draws)
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
         ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
@@ -261,12 +298,14 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         rows += [row(folder, cfg, length, results[stop].pop("tokens", samples), results[stop],
                      variant.random_baseline(length), step, stop, options) for stop in stops]
     rows = with_labels(rows, labels)
-    write_rows(folder / "eval.csv", rows, with_labels(old, labels), list(sweep))
+    if out != folder and not (out / "config.toml").exists():
+        shutil.copyfile(folder / "config.toml", out / "config.toml")
+    write_rows(out / "eval.csv", rows, with_labels(old, labels), list(sweep))
     if position_rows:
-        write_position_loss(folder / POSITION_LOSS, position_rows)
+        write_position_loss(out / POSITION_LOSS, position_rows)
     if per_step:
         steps_rows = with_labels(steps_rows, labels)
-        write_csv(folder / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))
+        write_csv(out / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))
     return rows
 
 

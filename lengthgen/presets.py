@@ -176,6 +176,15 @@ def validate(cfg: Config) -> Config:
                               f"choose from {', '.join(TRANSFORMS)}")
     check_options("train.position_transform_options", tr.position_transform_options, TRANSFORMS[name], name)
     built("train.position_transform_options", lambda: build_transform(name, tr.position_transform_options))
+    draws_at_eval = TRANSFORMS[name].random_at_evaluation
+    check(isinstance(cfg.eval.position_draws, int) and 1 <= cfg.eval.position_draws <= 1000,
+          f"eval.position_draws must be an integer in [1, 1000], got {cfg.eval.position_draws}")
+    check(cfg.eval.position_draws == 1 or draws_at_eval,
+          f"eval.position_draws = {cfg.eval.position_draws} needs a position transform that draws IDs at evaluation "
+          f"(randomized); train.position_transform {name!r} evaluates on the task's own IDs")
+    check(not (draws_at_eval and getattr(task, "language_model", False)),
+          f"train.position_transform {name!r} draws position IDs at evaluation, which the perplexity of {t.name} "
+          "does not; use pose or none")
     method = get_method(cfg.method)
     check(name == "none" or method.accepts_position_ids,
           f"train.position_transform {name!r} needs a method that reads position IDs; {cfg.method} lays out its own")

@@ -19,6 +19,7 @@ from .tasks import TASKS
 from .evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
 from .curves import plot_position_loss, plot_training
 from .figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
+from .run_folders import REPORT_MARK, check_overwritable
 from .series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
@@ -156,6 +157,7 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for report.md, results.csv and the figures")
+    check_overwritable(out, ("report.md", "results.csv"))
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "results.csv", rows, columns_of(rows, COLUMNS))
     runs = len({(r["source"], r["run"]) for r in rows})
@@ -164,7 +166,7 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text = [f"# {title}", ""]
     if command:
         text += ["Regenerate with:", "", f"    {command}", ""]
-    text += [f"{runs} runs, {len(rows)} result rows (results.csv). Every number below is rebuilt from those rows.", ""]
+    text += [f"{runs} runs, {len(rows)} result rows (results.csv). {REPORT_MARK}", ""]
     if failures:
         text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
     metric = layout.get("summary_metric", "accuracy")

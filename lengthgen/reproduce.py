@@ -34,7 +34,9 @@ from .errors import UserError
 from .evaluate import LABELS
 from .grid import PER_RUN_KEYS, RUNTIME_KEYS, Job
 from .presets import load
-from .trackers import FOLDERS as TRACKER_FOLDERS
+from .run_folders import OutLock, check_overwritable, unstarted
+
+REPRODUCTION_FILES = ("report.md", "results.csv", "timing.csv", "failures.txt")  # written into --out
 
 
 def config_difference(folder: Path, cfg) -> str | None:
@@ -97,21 +99,6 @@ def set_aside_if_unreadable(path: Path) -> None:
         aside = path.with_name(f"{path.name}.unreadable")
         path.replace(aside)
         print(f"note: {err}; moved it to {aside}", file=sys.stderr)
-
-
-# What a training killed before its first checkpoint leaves (checkpoint.save writes into
-# hidden .tmp folders): such a folder holds no result and may be started afresh.
-UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", LABELS, *TRACKER_FOLDERS}
-
-
-def unstarted(folder: Path) -> bool:
-    """`folder` is missing or holds only what UNSTARTED names, with no checkpoint in it."""
-    if not folder.exists():
-        return True
-    if any(p.name not in UNSTARTED for p in folder.iterdir()):
-        return False
-    ckpts = folder / "checkpoints"
-    return not ckpts.exists() or all(p.name.startswith(".") and p.name.endswith(".tmp") for p in ckpts.iterdir())
 
 
 def run_job(job: Job) -> dict:
@@ -236,30 +223,32 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
     for device, precision in settings if backend == "local" else ():  # refuse here once, not in every worker
         check_precision(pick_device(device), precision)  # (on a cluster, each run checks the node it lands on)
+    check_overwritable(out, REPRODUCTION_FILES)  # e.g. --out . in a project with a report.md of its own
     out.mkdir(parents=True, exist_ok=True)
-    axes = " x axis values" if any(grid.axes(scale, task) for task in tasks) else ""
-    pairs = len({(job.task, job.arm) for job in jobs})  # tasks may run only some arms
-    shape = f"{len(tasks)} tasks x {len(arms)} arms" if pairs == len(tasks) * len(arms) else f"{pairs} task-arm pairs"
-    print(f"{len(jobs)} runs ({shape}{axes} x {seeds} seeds) in {out}/runs, "
-          + (f"{workers} worker(s)" if backend == "local" else "on Ray"), file=sys.stderr)
-    if backend == "ray":
-        from .ray_backend import run_on_ray
-        results = run_on_ray(run_job, jobs, out, address, progress, gpus_per_job)
-    else:
-        results = run_all(jobs, workers, progress)
-    results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
-    failed = [r for r in results if not r["ok"]]
-    (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
-    write_timing(out / "timing.csv", results)
-    command = shlex.join(["lengthgen", "reproduce", paper, "--scale", scale, "--seeds", str(seeds),
-                          "--tasks", ",".join(tasks), "--arms", ",".join(arms), "--out", str(out)]
-                         + (["--samples", str(samples)] if samples else [])
-                         + [arg for e in extra or [] for arg in ("--set", e)])
-    evaluated = [Path(r["folder"]) for r in results if r["ok"]]
-    if not evaluated:
-        raise UserError(f"every run failed; see {out / 'failures.txt'}")
-    return write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
-                        failures=[r["folder"] + ": " + r["error"] for r in failed], layout=layout)
+    with OutLock(out):  # until the report is written: a second reproduce on --out stops at once
+        axes = " x axis values" if any(grid.axes(scale, task) for task in tasks) else ""
+        pairs = len({(job.task, job.arm) for job in jobs})  # tasks may run only some arms
+        shape = f"{len(tasks)} tasks x {len(arms)} arms" if pairs == len(tasks) * len(arms) else f"{pairs} task-arm pairs"
+        print(f"{len(jobs)} runs ({shape}{axes} x {seeds} seeds) in {out}/runs, "
+              + (f"{workers} worker(s)" if backend == "local" else "on Ray"), file=sys.stderr)
+        if backend == "ray":
+            from .ray_backend import run_on_ray
+            results = run_on_ray(run_job, jobs, out, address, progress, gpus_per_job)
+        else:
+            results = run_all(jobs, workers, progress)
+        results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
+        failed = [r for r in results if not r["ok"]]
+        (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))
+        write_timing(out / "timing.csv", results)
+        command = shlex.join(["lengthgen", "reproduce", paper, "--scale", scale, "--seeds", str(seeds),
+                              "--tasks", ",".join(tasks), "--arms", ",".join(arms), "--out", str(out)]
+                             + (["--samples", str(samples)] if samples else [])
+                             + [arg for e in extra or [] for arg in ("--set", e)])
+        evaluated = [Path(r["folder"]) for r in results if r["ok"]]
+        if not evaluated:
+            raise UserError(f"every run failed; see {out / 'failures.txt'}")
+        return write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
+                            failures=[r["folder"] + ": " + r["error"] for r in failed], layout=layout)
 
 
 def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:

@@ -5,19 +5,24 @@ number or the length: task, arm, method, position, stop rule, the run's labels
 (dotted config keys such as task.options.k, written by a reproduction) and the
 task options swept in evaluation. A series' value at a length is the mean over
 its seeds with the standard error of that mean (sample standard deviation /
-sqrt(seeds)) and the number of seeds. Runs of one series that differ in
-train_max, or at one length in baseline or n, are runs of different configs,
-not seeds: `aggregate` refuses to average them. The report's tables
+sqrt(seeds)) and the number of seeds. Runs whose saved configs (config.toml)
+differ in anything but their seeds are never one series: `collect` labels them
+with the keys that differ. Runs of one series that differ in train_max, or at
+one length in baseline or n, are runs of different configs, not seeds:
+`aggregate` refuses to average them. The report's tables
 (lengthgen.report) and figures (lengthgen.figures) read what this module builds.
 """
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from .errors import UserError
-from .evaluate import BOOKKEEPING, read_per_step, read_rows, metric_names
+from .config import flat, read, to_dict
+from .errors import ConfigError, UserError
+from .evaluate import BOOKKEEPING, cell, read_per_step, read_rows, metric_names
+from .grid import PER_RUN_KEYS, RUNTIME_KEYS
 
 KEYS = ("task", "arm", "method", "position", "stop")  # columns every row has that tell series apart
 STEP_VALUES = ("iteration", "accuracy", "confidence", "oracle_step")  # per_step.csv's measured columns
@@ -40,7 +45,48 @@ def collect(paths: list[Path]) -> list[dict]:
             if not got:
                 raise UserError(f"{f} holds no result rows (evaluate the run again or leave it out)")
             rows += [{**r, "source": str(f.parent)} for r in got]  # names the run in error messages
+    label_config_differences(rows)
     return rows
+
+
+# Keys that do not change what a run computes or which test set it was scored on: seeds, how it
+# ran, and the evaluation defaults that `lengthgen eval` options override (the rows record those).
+NOT_CONFIG = RUNTIME_KEYS | set(PER_RUN_KEYS) | {
+    "train.log_interval", "train.checkpoint_interval", "eval.lengths", "eval.samples", "eval.batch_size"}
+
+
+def saved_config(folder: Path) -> dict | None:
+    """The flattened config.toml of a run folder (None where there is none, e.g. a CSV file alone)."""
+    path = folder / "config.toml"
+    if not path.is_file():
+        return None
+    try:
+        return flat(to_dict(read(path)))
+    except ConfigError as err:
+        raise UserError(f"{path} is not a readable run config: {err}") from None
+
+
+def label_config_differences(rows: list[dict]) -> None:
+    """Runs the report would average as seeds of one series (same task, arm, method, position and
+    labels) but whose saved configs differ in more than their seeds get each differing key as a
+    label column (e.g. train.lr), as a reproduction labels its runs: two configs are never one
+    series. A run without a config.toml cannot be checked and is said to be so."""
+    configs = {source: saved_config(Path(source)) for source in dict.fromkeys(r["source"] for r in rows)}
+    runs = defaultdict(set)
+    for r in rows:  # what every row of a run shares; swept options and the stop rule vary within a run
+        runs[tuple((k, r.get(k, "")) for k in KEYS if k != "stop") +
+             tuple(sorted((k, v) for k, v in r.items() if "." in k))].add(r["source"])
+    added = {}
+    for sources in runs.values():
+        known = sorted(s for s in sources if configs[s] is not None)
+        if 0 < len(known) < len(sources):
+            print(f"note: no config.toml in {', '.join(sorted(set(sources) - set(known)))}: averaged as seeds "
+                  "with the runs that share their labels, without checking their configs", file=sys.stderr)
+        keys = sorted({k for s in known for k in configs[s]} - NOT_CONFIG)
+        differ = [k for k in keys if len({repr(configs[s].get(k)) for s in known}) > 1]
+        added.update({s: {k: cell(configs[s].get(k, "")) for k in differ} for s in known})
+    for r in rows:
+        r.update(added.get(r["source"], {}))
 
 
 def key_columns(rows: list[dict], measured: tuple[str, ...] = ()) -> list[str]:
@@ -104,8 +150,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for (values, length), rs in sorted(groups.items(), key=lambda item: (tuple(map(str, item[0][0])), item[0][1])):
         key = dict(zip(keys, values))
         if len({r["seed"] for r in rs}) != len(rs):
-            raise UserError(f"{describe(tuple(key.items()))} has several rows for one seed at length {length}: "
-                            "pass each run once")
+            twice = sorted({str(r.get("source", r.get("run"))) for r in rs if [q["seed"] for q in rs].count(r["seed"]) > 1})
+            raise UserError(f"{describe(tuple(key.items()))} has several rows for one seed at length {length} "
+                            f"(from {', '.join(twice)}): runs of one config need different seeds; pass each run once")
         a = {**key, "series": tuple((k, v) for k, v in key.items() if k != "task"), "length": length,
              "seeds": len(rs), "train_max": rs[0]["train_max"], "baseline": rs[0]["baseline"],
              "samples": sum(r["n"] for r in rs)}

@@ -27,11 +27,12 @@ from . import checkpoint, trackers
 from .config import Config, to_dict, to_toml
 from .devices import autocast, check_precision, pick_device
 from .distributed import Ranks, no_sync, shard_seed
-from .presets import from_dict
+from .presets import from_dict, load
 from .errors import TrainingDiverged, UserError
 from .methods import get_method
 from .tasks import Batch, Task, task_of
 from .tasks.base import sample_mixed
+from .run_folders import check_deletable, unstarted
 from .training_tests import PREFIX, due, run_tests
 from .transforms import build_transform
 
@@ -124,22 +125,39 @@ def check_is_folder(folder: Path) -> None:
             raise UserError(f"run folder {folder} {where}, not a folder")
 
 
-def prepare_run_dir(folder: Path, resume: bool, force: bool) -> None:
-    """Refuse to overwrite a run folder unless --force; --resume needs one."""
+def prepare_run_dir(folder: Path, force: bool) -> None:
+    """Make a new run's folder. An existing one is replaced only with --force, and only if it
+    is a lengthgen run (lengthgen.run_folders): never a folder of other files, nor the current one."""
     check_is_folder(folder)
-    exists = folder.exists() and any(folder.iterdir())
-    if resume:
-        if not exists or checkpoint.latest(folder) is None:
-            raise UserError(f"cannot resume: {folder} has no checkpoint")
-        return
-    if exists and not force:
-        raise UserError(f"run folder {folder} already exists (use --resume to continue it or --force to overwrite it)")
-    if exists:
+    if folder.exists() and any(folder.iterdir()):
+        if not force:
+            how = ("stopped before its first checkpoint: use --resume to train it from step 0 with its "
+                   "saved config" if unstarted(folder) and (folder / "config.toml").is_file()
+                   else "use --resume to continue it")
+            raise UserError(f"run folder {folder} already exists ({how}, or --force to overwrite it)")
+        check_deletable(folder)
         shutil.rmtree(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"cannot make run folder {folder}: {err.strerror}") from None
+
+
+def resumed_config(folder: Path) -> tuple[Config, bool]:
+    """The config `train --resume` continues with, and whether there is a checkpoint to continue
+    from. A run stopped before its first checkpoint (Ctrl-C, a kill, a crash) holds its config.toml
+    and nothing else of value: it starts again from step 0 with that config."""
+    check_is_folder(folder)
+    path = checkpoint.latest(folder) if folder.is_dir() else None
+    if path is not None:
+        return from_dict(checkpoint.read_state(path)["config"]), True
+    if not (folder / "config.toml").is_file():
+        raise UserError(f"cannot resume: {folder} holds no run (no checkpoint and no config.toml)")
+    if not unstarted(folder):
+        kept = ", ".join(sorted(p.name for p in folder.iterdir()))
+        raise UserError(f"cannot resume: {folder} has no checkpoint but holds {kept}; "
+                        "not overwriting it (--force starts the run afresh)")
+    return load(folder / "config.toml"), False
 
 
 def decay_params(model: torch.nn.Module, decay_all: bool = False) -> list[dict]:
@@ -156,16 +174,20 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     Under torchrun, one of the processes of a data-parallel run (lengthgen.distributed)."""
     folder = Path(folder)
     ranks = Ranks.from_env()
+    restart = False
     if resume:  # the run's own config wins: the data stream and schedule depend on it
-        prepare_run_dir(folder, resume, force)  # only checks that there is a checkpoint
-        cfg = from_dict(checkpoint.read_state(checkpoint.latest(folder))["config"])
+        cfg, resume = resumed_config(folder)
+        restart = not resume
+        if restart and ranks.main:
+            print(f"note: {folder} has no checkpoint (stopped before its first one); "
+                  "training it from step 0 with its saved config", file=sys.stderr)
     device = ranks.device(pick_device(cfg.train.device))
     check_precision(device, cfg.train.precision)
     ranks.join(device)
     cfg = ranks.sharded(cfg, resume)
     trackers.check_installed(cfg.train.log_to)
     if not resume:  # made only once the device can serve the config, by one process
-        ranks.first(lambda: prepare_run_dir(folder, resume, force))
+        ranks.first(lambda: prepare_run_dir(folder, force or restart))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     task, method = task_of(cfg.task), get_method(cfg.method)

@@ -20,6 +20,7 @@ from .evaluate import rules_at
 from .methods import Method
 from .tasks import Task, task_of
 from .stop_passes import confidence_precision
+from .transforms import build_transform
 
 PREFIX = "test@"  # metrics.jsonl keys: test@max (the current curriculum maximum), test@24, test@24/confidence:+20
 
@@ -47,6 +48,7 @@ def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, 
     of the run's task with train.test_options."""
     stops, tr = test_stops(cfg, method), cfg.train
     task = task_of(cfg.task, **tr.test_options) if tr.test_options else task
+    transform = build_transform(tr.position_transform, tr.position_transform_options)  # IDs as evaluation reads them
     lengths = [("max", current_max)] + [(str(n), n) for n in (parse_lengths(tr.test_lengths) if tr.test_lengths else [])]
     training = model.training
     model.eval()
@@ -55,7 +57,7 @@ def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, 
             confidence_precision(cfg.eval.confidence_precision):
         for name, n in lengths:
             results, _ = rules_at(task, method, model, n, tr.test_samples, cfg.eval.batch_size, cfg.eval.seed,
-                                  device, stops)
+                                  device, stops, transform=transform, draws=cfg.eval.position_draws)
             out.update({key(name, stop): results[stop]["accuracy"] for stop in stops})
     model.train(training)
     return out

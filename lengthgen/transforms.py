@@ -1,8 +1,12 @@
-"""Position-ID transforms: between sampling and the model, in training only.
+"""Position-ID transforms: between sampling and the model, in training and, where the
+method's authors do so, in evaluation.
 
 A transform rewrites `Batch.position_ids` (B, L) of a training batch, drawing
-from the training data stream, so evaluation sees the task's own IDs (its
-coupled IDs, or 0..L-1). It starts from those same IDs, so it composes with
+from the training data stream. Each one declares what evaluation reads
+(`at_evaluation`), as its authors evaluate: `randomized` draws fresh random
+IDs for every test sequence too (from the evaluation seed, so an evaluation is
+reproducible); `pose` and `random_offset` leave the task's own IDs (its coupled
+IDs, or 0..L-1). It starts from those same IDs, so it composes with
 task-supplied IDs, and works per sample on the columns that matter
 (`Batch.widths`; padding after them gets ID 0). Each class states the largest
 ID it can produce (`largest_id`), so config validation sizes a learned table
@@ -20,6 +24,9 @@ before step 1.
 - `randomized` (Ruoss et al., ACL 2023): ID p of a sample becomes the p-th
   smallest of a uniform random subset of 0 .. max_position - 1 (ordered, one
   subset per sample), so test-time IDs up to max_position - 1 are all trained.
+  Evaluation draws the same way: the authors' range evaluation applies the
+  model with a fresh random key per batch, and their encodings draw a new
+  subset per sequence whether training or not.
 """
 from __future__ import annotations
 
@@ -73,6 +80,13 @@ class PositionTransform:
     name = "none"
     top: int | None = None  # None: the task's own largest ID
     bound = ""
+    at_evaluation = "the task's own IDs"  # what evaluation reads (docs/positions.md)
+    random_at_evaluation = False  # evaluation draws IDs (from the evaluation seed): see `evaluation`
+
+    def evaluation(self, batch: Batch, generator: torch.Generator) -> Batch:
+        """The test batch as the model reads it; the task's own IDs unless the transform's
+        authors evaluate with transformed ones."""
+        return batch
 
     def largest_id(self, base: int) -> int:
         """The largest ID produced when the untransformed IDs reach `base`; ValueError if
@@ -94,6 +108,9 @@ class PositionTransform:
 
 class RandomOffset(PositionTransform):
     name = "random_offset"
+    # Cho et al.'s evaluation sets are built with randomize = False: the first coupled ID is 1,
+    # unshifted, as the task lays it out (HanseulJo/position-coupling, configs/task/*_coupled.yaml)
+    at_evaluation = "the task's own IDs, unshifted (Cho et al.'s evaluation sets: randomize = false)"
 
     def __init__(self, *, max_position: int, keep_zero: bool = False):
         if not isinstance(keep_zero, bool):
@@ -116,6 +133,7 @@ class RandomOffset(PositionTransform):
 
 class PoSE(PositionTransform):
     name = "pose"
+    at_evaluation = "0..L-1, no skips (Zhu et al. evaluate a long window as it is)"
 
     def __init__(self, *, target_length: int, chunks: int = 2):
         self.top = whole(self.name, "target_length", target_length) - 1
@@ -143,6 +161,8 @@ class PoSE(PositionTransform):
 
 class Randomized(PositionTransform):
     name = "randomized"
+    at_evaluation = "a fresh ordered random subset of 0..max_position-1 per sequence, as in training"
+    random_at_evaluation = True
 
     def __init__(self, *, max_position: int):
         self.top = whole(self.name, "max_position", max_position) - 1
@@ -159,6 +179,9 @@ class Randomized(PositionTransform):
         subset = torch.where(chosen, column, M).sort(1).values  # (B, M): the subset in order, first
         moved = subset.gather(1, ids.clamp(max=M - 1))
         return replace(batch, position_ids=torch.where(real, moved, 0))
+
+    def evaluation(self, batch, generator):
+        return self(batch, generator)
 
 
 # Explicit registry: config name (train.position_transform) -> class

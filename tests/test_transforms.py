@@ -107,3 +107,70 @@ def test_training_with_a_transform_fills_the_table_it_was_sized_for(tmp_path, tr
     train(cfg, tmp_path / "run", progress=False)  # training draws IDs up to `largest`: the table holds them
     with pytest.raises(ConfigError, match=f"model.max_positions \\({largest}\\) is too small"):
         presets.load(None, sets + [f"model.max_positions={largest}"])
+
+
+# -- what evaluation reads (Ruoss et al. evaluate with random IDs; Cho et al. and PoSE without) --
+
+def test_randomized_ids_at_evaluation_are_sorted_distinct_fresh_and_reproducible():
+    from lengthgen.evaluate import eval_batches
+
+    task, cpu, transform = get_task("copy"), torch.device("cpu"), Randomized(max_position=64)
+    test = next(eval_batches(task, 9, 300, 300, 5, cpu, transform))
+    width = int(test.widths[0])
+    ids = test.position_ids[:, :width]
+    assert (ids[:, 1:] > ids[:, :-1]).all()  # sorted and distinct: order kept, no two tokens share an ID
+    assert ids.min() >= 0 and ids.max() < 64
+    assert len({tuple(r) for r in ids.tolist()}) > 290  # a fresh subset per sequence
+    assert ids.max() > 3 * width  # not 0..L-1: the IDs spread over the whole range
+    again = next(eval_batches(task, 9, 300, 300, 5, cpu, transform))
+    assert torch.equal(again.position_ids, test.position_ids)  # the evaluation seed fixes them
+    assert torch.equal(again.inputs, next(eval_batches(task, 9, 300, 300, 5, cpu)).inputs)  # same problems
+    other = next(eval_batches(task, 9, 300, 300, 6, cpu, transform))
+    assert not torch.equal(other.position_ids, test.position_ids)
+    draw = next(eval_batches(task, 9, 300, 300, 5, cpu, transform, draw=1))
+    assert torch.equal(draw.inputs, test.inputs) and not torch.equal(draw.position_ids, test.position_ids)
+    small = torch.cat([b.position_ids for b in eval_batches(task, 9, 300, 7, 5, cpu, transform)])
+    assert torch.equal(small, test.position_ids)  # a smaller batch size changes nothing
+
+
+@pytest.mark.parametrize("transform", [RandomOffset(max_position=64), PoSE(target_length=64), None])
+def test_pose_and_random_offset_evaluate_on_the_task_ids(transform):
+    from lengthgen.evaluate import eval_batches
+
+    task, cpu = get_task("copy"), torch.device("cpu")
+    plain = next(eval_batches(task, 9, 50, 50, 5, cpu))
+    moved = next(eval_batches(task, 9, 50, 50, 5, cpu, transform))
+    assert moved.position_ids is plain.position_ids is None  # 0..L-1, as the model reads them
+
+
+def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_path):
+    """Ruoss et al.'s evaluation: random sorted IDs at test time too. On 0..L-1, which the model
+    never saw in training, it fails its own training lengths."""
+    from lengthgen.cli import main
+    from lengthgen.evaluate import accuracy_at, load_run, read_rows
+
+    cfg = presets.load("experiments/tra/cpu/copy_symbols.toml", [
+        "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "train.position_transform=randomized",
+        "train.position_transform_options.max_position=256", "train.checkpoint_interval=600", "train.device=cpu"])
+    train(cfg, tmp_path / "run", progress=False)
+    assert main(["eval", str(tmp_path / "run"), "--lengths", "4", "--samples", "256", "--no-progress"]) == 0
+    (row,) = read_rows(tmp_path / "run" / "eval.csv")
+    assert row["accuracy"] >= 0.5, row
+    _, task, method, model, _ = load_run(tmp_path / "run")
+    plain, *_ = accuracy_at(task, method, model, 4, 256, 256, cfg.eval.seed, torch.device("cpu"))
+    assert plain < row["accuracy"] - 0.3, (plain, row["accuracy"])
+    # several draws: the mean over them, each sample read under each
+    assert main(["eval", str(tmp_path / "run"), "--lengths", "4", "--samples", "256", "--position-draws", "3",
+                 "--no-progress"]) == 0
+    (three,) = read_rows(tmp_path / "run" / "eval.csv")
+    assert three["n"] == 256 and abs(three["accuracy"] - row["accuracy"]) < 0.15
+
+
+def test_position_draws_need_a_transform_that_draws_at_evaluation():
+    with pytest.raises(ConfigError, match="position_draws"):
+        presets.load(None, ["eval.position_draws=3"])
+    with pytest.raises(ConfigError, match="position_draws"):
+        presets.load(None, ["eval.position_draws=0", "train.position_transform=randomized",
+                            "train.position_transform_options.max_position=64", "model.position=sinusoidal"])
+    presets.load(None, ["eval.position_draws=3", "train.position_transform=randomized",
+                        "train.position_transform_options.max_position=64", "model.position=sinusoidal"])

@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ SUFFIXES = {"python-docs": (".rst", ".rst.txt"), "files": (".txt", ".rst", ".md"
 DOCS_GLOB = "/usr/share/doc/python3.*/html/_sources"
 WIKITEXT_HUB = "Salesforce/wikitext"
 WIKITEXT_DIR = "wikitext-103-raw-v1"
-FORMAT = 1  # bump when the token files' layout changes: old caches are then rebuilt
+FORMAT = 2  # bump when the token files' layout changes: old caches are then rebuilt (2: sizes and digests)
 
 
 class CorpusError(ValueError):
@@ -109,6 +110,43 @@ def wikitext_split(split: str, path: str = ""):
         raise CorpusError("the wikitext-103 corpus needs Hugging Face datasets: pip install 'lengthgen[lm]'") from None
     where = path or WIKITEXT_HUB
     return load_dataset(where, data_dir=WIKITEXT_DIR, split=split)["text"]
+
+
+CHECKED: set[Path] = set()  # token folders this process has checked (once each)
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_damage(folder: Path) -> str | None:
+    """What is wrong with a token folder (missing, or a file whose size or digest differs from
+    what meta.json recorded when it was built), naming the file, or None."""
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        return f"{folder} holds no token files yet"
+    try:
+        meta = json.loads(meta_path.read_text())
+        files, splits = meta["files"], meta["splits"]
+        if meta["format"] != FORMAT or set(splits) != set(SPLITS):
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):  # damaged, or written by an earlier version
+        return f"{meta_path} is damaged or of an earlier version"
+    for name in [f"{split}.bin" for split in SPLITS] + (["tokenizer.json"] if meta.get("tokenizer") == "bpe" else []):
+        path, recorded = folder / name, files.get(name, {})
+        if not path.is_file():
+            return f"{path} is missing"
+        size, written = path.stat().st_size, recorded.get("bytes")
+        if size != written:
+            written = f"{written:,}" if isinstance(written, int) else "none"
+            return f"{path} holds {size:,} bytes where {written} were written (truncated?)"
+        if file_digest(path) != recorded.get("sha256"):
+            return f"{path} differs from the file written (its sha256 changed)"
+    return None
 
 
 class Corpus:
@@ -199,15 +237,25 @@ class Corpus:
 
     # -- token files -----------------------------------------------------------------------
     def ensure(self) -> Path:
-        """The folder of the token files, built on first use (under a lock: parallel runs wait)."""
+        """The folder of the token files, built on first use (under a lock: parallel runs wait) and
+        checked once per process against the sizes and digests recorded when it was built: a damaged
+        file is rebuilt from the documents, with a note naming it, or stops with one line."""
         folder = self.tokens_folder()
-        if (folder / "meta.json").is_file():
+        if folder in CHECKED:
             return folder
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (folder / "meta.json").is_file():
-                self.build(folder)
+            damage = cache_damage(folder)
+            if damage:
+                if (folder / "meta.json").is_file():
+                    print(f"note: {damage}; rebuilding the token files", file=sys.stderr)
+                try:
+                    self.build(folder)
+                except CorpusError as err:
+                    raise CorpusError(f"{damage}, and it cannot be rebuilt: {err}" if (folder / "meta.json").is_file()
+                                      else str(err)) from None
+        CHECKED.add(folder)
         return folder
 
     def build(self, folder: Path) -> None:
@@ -229,6 +277,8 @@ class Corpus:
             tmp.replace(folder / f"{split}.bin")
             meta["splits"][split] = {"documents": len(docs), "characters": characters, "tokens": tokens,
                                      "names_sha256": hashlib.sha256("\n".join(n for n, _ in docs).encode()).hexdigest()}
+        meta["files"] = {path.name: {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+                         for path in sorted(folder.glob("*.bin")) + sorted(folder.glob("tokenizer.json"))}
         (folder / "meta.json.tmp").write_text(json.dumps(meta, indent=1))
         (folder / "meta.json.tmp").replace(folder / "meta.json")
 
