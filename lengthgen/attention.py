@@ -24,12 +24,35 @@ after each row's last token, so causal attention never lets it reach a real one.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class AttentionDropout:
+    """Where attention dropout acts (model.attn_dropout_on). `weights`: on the softmax's output,
+    as GPT-2 and the TRA paper describe it. `logits`: on the logits before the mask and the
+    softmax, as the TRA authors' notebook does (`A = dropout(S + D)`): a dropped logit becomes 0,
+    the kept ones are scaled by 1 / (1 - p), and the mask keeps its support (a masked key stays
+    out), but a dropped key can become the most attended one."""
+
+    p: float = 0.0
+    on: str = "weights"
+
+    def logits(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p) if self.p and self.on == "logits" else x
+
+    def weights(self, att: Tensor) -> Tensor:
+        return F.dropout(att, self.p) if self.p and self.on == "weights" else att
+
+
+NO_DROPOUT = AttentionDropout()
 
 
 def causal_mask(T: int, device=None, dtype=torch.float32) -> Tensor:
@@ -48,7 +71,7 @@ def masked_softmax(logits: Tensor) -> Tensor:
     return att.masked_fill(dead, 0.0)
 
 
-def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
+def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDropout = NO_DROPOUT) -> Tensor:
     """Causal softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) inputs, as SDPA
     with is_causal=True, but with plain batched matmuls and a float32 softmax.
 
@@ -65,10 +88,22 @@ def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.
     bf16-in, float32-out batched matmul on CPU to avoid it at no cost."""
     B, H, T, Dh = q.shape
     mask = causal_mask(T, q.device, q.dtype)  # (T, T), broadcast over B * H
-    logits = torch.baddbmm(mask, q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2),
-                           alpha=Dh ** -0.5)  # (B * H, T, T), in q's dtype as before the cast
-    att = F.dropout(torch.softmax(logits, dim=-1, dtype=torch.float32), dropout_p)
+    if dropout.p and dropout.on == "logits":  # dropped before the mask is added: scores first
+        logits = dropout.logits(torch.bmm(q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2))
+                                * Dh ** -0.5) + mask
+    else:
+        logits = torch.baddbmm(mask, q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2),
+                               alpha=Dh ** -0.5)  # (B * H, T, T), in q's dtype as before the cast
+    att = dropout.weights(torch.softmax(logits, dim=-1, dtype=torch.float32))
     return (att.to(v.dtype) @ v.reshape(B * H, T, Dh)).view(B, H, T, Dh)
+
+
+def biased_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout: AttentionDropout) -> Tensor:
+    """softmax(dropout(q k^T / sqrt(Dh) + bias) + causal mask) v with dropout on the logits (the
+    TRA notebook's): SDPA drops weights only. bias (B|1, H, T, T) or 0."""
+    T, Dh = q.shape[-2], q.shape[-1]
+    logits = dropout.logits((q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + bias) + causal_mask(T, q.device)
+    return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
 
 # A chunk of c queries holds several (rows, c, T) float tensors at once; with many rows
@@ -89,8 +124,8 @@ def query_spans(T: int, chunk: int, rows: int = 1) -> list[tuple[int, int]]:
     return [(s, min(T, s + chunk)) for s in range(0, T, chunk)]
 
 
-def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: int = 0, dropout_p: float = 0.0,
-                  keep: list | None = None) -> Tensor:
+def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: int = 0,
+                  dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None) -> Tensor:
     """Threshold Relative Attention (Opper et al., TMLR 2025), causal, per head.
 
     q, k, v (B, H, T, Dh); gate_logit (B, H, T), the forget gate before its logsigmoid.
@@ -115,17 +150,17 @@ def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: in
         distance = counts[..., -1:] - counts + kept  # kept keys in [j, i]
         dead = counts[..., -1:] == 0  # (B, H, c, 1): a query that kept no key
         # a dead row keeps its raw scores (finite, so no NaN anywhere) and its output is zeroed below
-        logits = torch.where(kept | dead, torch.addcmul(raw, distance, gate[:, :, s:e]), float("-inf"))
-        att = torch.softmax(logits, dim=-1)
+        logits = dropout.logits(torch.addcmul(raw, distance, gate[:, :, s:e]))  # the notebook's dropout(S + D)
+        att = torch.softmax(torch.where(kept | dead, logits, float("-inf")), dim=-1)
         if keep is not None:
             keep.append(att.masked_fill(dead, 0.0).detach())
-        y = F.dropout(att, dropout_p).to(v.dtype) @ v[:, :, :e]  # (B, H, c, Dh)
+        y = dropout.weights(att).to(v.dtype) @ v[:, :, :e]  # (B, H, c, Dh)
         out.append(y.masked_fill(dead, 0.0))
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
 def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: int, chunk: int = 0,
-                   dropout_p: float = 0.0) -> Tensor:
+                   dropout: AttentionDropout = NO_DROPOUT) -> Tensor:
     """Contextual position encoding (Golovneva et al., 2024), causal.
 
     q, k, v (B, H, T, Dh); pos_emb (Dh, npos_max), the position vectors E[p].
@@ -148,9 +183,9 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: i
         low = low.long()
         high = (low + 1).clamp(max=npos_max - 1)
         z_at = z.gather(-1, high) * frac + z.gather(-1, low) * (1 - frac)  # (B, H, c, e)
-        logits = ((dots + z_at) * Dh ** -0.5).masked_fill(~causal, float("-inf"))
+        logits = dropout.logits((dots + z_at) * Dh ** -0.5).masked_fill(~causal, float("-inf"))
         att = torch.softmax(logits, dim=-1)  # every query keeps itself: no empty row
-        out.append(F.dropout(att, dropout_p).to(v.dtype) @ v[:, :, :e])
+        out.append(dropout.weights(att).to(v.dtype) @ v[:, :, :e])
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
@@ -242,10 +277,9 @@ class CausalSelfAttention(nn.Module):
         self.layer = layer  # passed to content schemes, which may hold per-layer parameters
         self.n_head = cfg.n_head
         self.d_model = cfg.d_model
-        self.attn_dropout = cfg.attn_dropout  # on the attention weights
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v in one matmul
+        self.dropout = AttentionDropout(cfg.attn_dropout, cfg.attn_dropout_on)
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias and cfg.qkv_bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # residual output projection
-        self.attn_drop = nn.Dropout(cfg.attn_dropout)  # content path only; SDPA has its own dropout_p
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
@@ -264,23 +298,26 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         v = v.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         q, k = scheme.rotate(q, k, position_ids)
-        p = self.attn_dropout if self.training else 0.0
+        dropout = self.dropout if self.training else NO_DROPOUT
+        p = dropout.p if dropout.on == "weights" else 0.0  # what SDPA's dropout_p may take
 
         if cache is not None:
             y = cached_attention(q, *cache.extend(self.layer, k, v))
-        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, p)) is not None:
+        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout)) is not None:
             pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
         elif scheme.has_content:
             logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme
             if scheme.has_bias:
                 logits = logits + scheme.bias(position_ids)
-            att = self.attn_drop(masked_softmax(logits))  # (B, H, T, T) float32
+            att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
             y = att.to(v.dtype) @ v  # (B, H, T, Dh)
+        elif dropout.p and dropout.on == "logits":
+            y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout)
         elif scheme.has_bias:
             mask = scheme.bias(position_ids) + causal_mask(T, q.device)  # (B|1, H, T, T)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
         elif use_math_attention(q):
-            y = math_causal_attention(q, k, v, dropout_p=p)  # (B, H, T, Dh)
+            y = math_causal_attention(q, k, v, dropout)  # (B, H, T, Dh)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
 

@@ -21,7 +21,7 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 
-INITS = ("gpt2", "torch", "looped-tf")  # model.init choices, see ModelConfig
+INITS = ("gpt2", "torch", "looped-tf", "tra")  # model.init choices, see ModelConfig
 
 
 @dataclass
@@ -46,12 +46,18 @@ class ModelConfig:
     norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out
     mlp: str = "gelu"  # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new) or swiglu
     bias: bool = True  # biases in the blocks' linear layers (q/k/v, attention output, MLP)
+    qkv_bias: bool = True  # with bias: in the q/k/v projections too (false: the TRA notebook's bias-free q, k, v)
     residual: str = "pre-norm"  # pre-norm (x + f(norm(x))) or norm-before-add (x = norm(x); x + f(x))
     dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
-    attn_dropout: float = 0.0  # dropout on the attention weights
+    attn_dropout: float = 0.0  # attention dropout, on what attn_dropout_on says
+    # weights (after the softmax, GPT-2's and the TRA paper's words) or logits (before the mask and the softmax:
+    # a dropped logit becomes 0, the TRA authors' notebook)
+    attn_dropout_on: str = "weights"
+    embed_dropout: float = 0.0  # dropout on the embedding alone, for blocks without model.dropout (the TRA notebook)
     mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (after the activation)
-    # weight init: gpt2 (normal 0.02, scaled residual projections), torch (torch's module defaults) or looped-tf
-    # (the looped-tf release: gpt2 in the blocks, torch's defaults for the read-in and read-out, see lengthgen.model)
+    # weight init: gpt2 (normal 0.02, scaled residual projections), torch (torch's module defaults), looped-tf
+    # (the looped-tf release: gpt2 in the blocks, torch's defaults for the read-in and read-out) or tra (the TRA
+    # notebook: torch's defaults in the blocks, embedding uniform in +-0.01 with the PAD row 0, read-out normal 0.02)
     init: str = "gpt2"
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
     embed_bias: bool = False  # a learned vector added to every token's embedding (a linear read-in of one-hot tokens)
@@ -135,6 +141,7 @@ TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "gelu-tanh", "swiglu")
 RESIDUALS = ("pre-norm", "norm-before-add")
+ATTENTION_DROPOUT_ON = ("weights", "logits")
 # keys of earlier versions: where they went (a saved run folder written by them still loads)
 MOVED = {"model.rope_theta": "model.position_options.theta"}
 MAX_THREADS = 1024  # far above any machine's cores; a huge value crashes torch

@@ -2,11 +2,12 @@
 
 Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | gelu-tanh
 | swiglu (hidden width mlp_ratio * d_model, for both the linear and the gate
-units of SwiGLU); `bias` in the blocks' linear layers; `residual` pre-norm
-(x + f(norm(x)), GPT-2) | norm-before-add (x = norm(x); x + f(x), the TRA
-notebook's block); `dropout` on the residual stream, `attn_dropout` on the
-attention weights and `mlp_dropout` on the MLP's hidden units. The defaults are
-GPT-2's block.
+units of SwiGLU); `bias` in the blocks' linear layers (`qkv_bias` false keeps
+q, k, v bias-free); `residual` pre-norm (x + f(norm(x)), GPT-2) |
+norm-before-add (x = norm(x); x + f(x), the TRA notebook's block); `dropout` on
+the residual stream (embedding included), `embed_dropout` on the embedding
+alone, `attn_dropout` on the attention weights or logits (`attn_dropout_on`)
+and `mlp_dropout` on the MLP's hidden units. The defaults are GPT-2's block.
 
 The forward pass is split into `embed`, `run_blocks` and `head` because the
 looped model reuses them: it embeds once, applies the blocks T times with
@@ -25,6 +26,7 @@ from torch import Tensor
 from .attention import CausalSelfAttention, KVCache, Packed
 from .config import ModelConfig
 from .positions import PositionalScheme, build_scheme, default_position_ids
+from .tasks.base import PAD
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -106,7 +108,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(vocab_size, cfg.d_model)
         # a linear read-in of one-hot tokens is an embedding table plus one bias vector
         self.wte_bias = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.embed_bias else None
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.embed_dropout or cfg.dropout)  # validation allows one of the two
         self.scheme = scheme if scheme is not None else build_scheme(cfg)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
@@ -117,6 +119,8 @@ class Transformer(nn.Module):
             self._init_gpt2()
         elif cfg.init == "looped-tf":
             self._init_looped_tf()
+        elif cfg.init == "tra":
+            self._init_tra()
         # init "torch" keeps torch's module defaults: kaiming-uniform linears and a
         # N(0, 1) embedding. The looped CPU presets use it: the looped state is
         # LayerNorm-ed every iteration (entries ~1), and GPT-2's 0.02 embedding
@@ -149,6 +153,18 @@ class Transformer(nn.Module):
             bound = 1 / math.sqrt(self.vocab_size)
             nn.init.uniform_(self.wte.weight, -bound, bound)
             nn.init.uniform_(self.wte_bias, -bound, bound)
+
+    def _init_tra(self) -> None:
+        """The TRA authors' notebook: the blocks keep torch's defaults; the embedding is uniform
+        in +-0.01 with the PAD row zero (at init: PAD is only padding after a sequence's end),
+        the read-out normal(0, 0.02) with a zero bias."""
+        nn.init.uniform_(self.wte.weight, -0.01, 0.01)
+        with torch.no_grad():
+            self.wte.weight[PAD].zero_()
+        if self.lm_head.weight is not self.wte.weight:
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.02)
+        if self.lm_head.bias is not None:
+            nn.init.zeros_(self.lm_head.bias)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

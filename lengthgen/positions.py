@@ -6,7 +6,7 @@ A scheme can act in four places (x-transformers separates them the same way):
 2. `rotate(q, k, position_ids)`   applied to queries and keys     (RoPE)
 3. `bias(position_ids)`           additive attention-logit bias   (ALiBi)
 4. `content_logits(q, k, x, layer)` logits computed from content, or
-   `attend(q, k, v, x, layer, dropout_p)` the whole attention   (CoPE, TRA)
+   `attend(q, k, v, x, layer, dropout)` the whole attention     (CoPE, TRA)
 
 The base class does nothing in every hook, which is exactly NoPE. Position IDs
 are always passed in explicitly, shape (B, T) or (1, T) (one row broadcast over
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .attention import cope_attention, tra_attention
+from .attention import AttentionDropout, cope_attention, tra_attention
 from .config import ModelConfig
 
 
@@ -81,10 +81,11 @@ class PositionalScheme(nn.Module):
         index, for schemes with per-layer parameters."""
         return None
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int, dropout_p: float) -> Tensor | None:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int,
+               dropout: AttentionDropout) -> Tensor | None:
         """The attention output (B, H, T, Dh) computed by the scheme itself (a content
         scheme that needs more than logits: chunked queries, its own masking), or None to
-        let attention softmax `content_logits`. dropout_p applies to the attention weights."""
+        let attention softmax `content_logits`. `dropout` acts on the logits or the weights."""
         return None
 
 
@@ -222,8 +223,8 @@ class CoPE(PositionalScheme):
         self.pos_emb = nn.ParameterList(nn.Parameter(torch.zeros(self.head_dim, npos_max))
                                         for _ in range(cfg.n_layer))
 
-    def attend(self, q, k, v, x, layer, dropout_p):
-        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout_p)
+    def attend(self, q, k, v, x, layer, dropout):
+        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout)
 
 
 class TRA(PositionalScheme):
@@ -244,10 +245,10 @@ class TRA(PositionalScheme):
         self.gates = nn.ModuleList(nn.Linear(cfg.d_model, cfg.n_head) for _ in range(cfg.n_layer))
         self.keep: dict | None = None
 
-    def attend(self, q, k, v, x, layer, dropout_p):
+    def attend(self, q, k, v, x, layer, dropout):
         gate_logit = self.gates[layer](x).transpose(1, 2)  # (B, H, T)
         kept = self.keep.setdefault(layer, []) if self.keep is not None else None
-        return tra_attention(q, k, v, gate_logit, self.chunk, dropout_p, kept)
+        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept)
 
 
 # Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's

@@ -13,7 +13,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED,
+from .config import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED,
                      MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS,
                      Config, _hint, from_data, parse_lengths, read)
 from .errors import ConfigError
@@ -95,9 +95,12 @@ def validate(cfg: Config) -> Config:
         check(getattr(m, key) >= 1, f"model.{key} must be >= 1, got {getattr(m, key)}")
     check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
     check(m.position != "rope" or (m.d_model // m.n_head) % 2 == 0, "model.position rope needs an even head width (d_model / n_head)")
-    for key in ("dropout", "attn_dropout", "mlp_dropout"):
+    for key in ("dropout", "attn_dropout", "mlp_dropout", "embed_dropout"):
         check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)}")
-    for key, choices in (("init", INITS), ("norm", NORMS), ("mlp", MLPS), ("residual", RESIDUALS)):
+    check(not (m.dropout and m.embed_dropout), "model.dropout already acts on the embedding; set model.embed_dropout "
+          "only without it (the embedding's own rate, for a block with no residual dropout)")
+    for key, choices in (("init", INITS), ("norm", NORMS), ("mlp", MLPS), ("residual", RESIDUALS),
+                         ("attn_dropout_on", ATTENTION_DROPOUT_ON)):
         value = getattr(m, key)
         check(value in choices, f"model.{key} {value!r} is unknown{_hint(value, choices)}; choose from {', '.join(choices)}")
     for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):

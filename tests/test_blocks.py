@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lengthgen.attention import AttentionDropout, CausalSelfAttention, tra_attention
 from lengthgen.config import ModelConfig
 from lengthgen.model import Block, Transformer
 from lengthgen.positions import PositionalScheme, default_position_ids
@@ -121,9 +122,9 @@ def test_attention_mlp_and_residual_dropout_are_separate(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", record)
     model = Transformer(cfg(dropout=0.1, attn_dropout=0.3, mlp_dropout=0.2), 11).train()
     drops = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
-    assert {p for name, p in drops.items() if name.endswith("attn_drop")} == {0.3}
+    assert {m.dropout for m in model.modules() if isinstance(m, CausalSelfAttention)} == {AttentionDropout(0.3)}
     assert {p for name, p in drops.items() if name.endswith("hidden_drop")} == {0.2}
-    assert {p for name, p in drops.items() if not name.endswith(("attn_drop", "hidden_drop"))} == {0.1}
+    assert {p for name, p in drops.items() if not name.endswith("hidden_drop")} == {0.1}
     model(torch.randint(0, 11, (2, 5)))
     assert seen == [0.3, 0.3]
     model.eval()(torch.randint(0, 11, (2, 5)))
@@ -145,3 +146,75 @@ def test_the_tra_block_learns_a_fixed_batch():
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.3 * losses[0], losses[::30]
+
+
+class FixedLogitMask(AttentionDropout):
+    """Dropout on the logits with a mask chosen by the test: the kept logits scaled by 1 / (1 - p)."""
+
+    def __init__(self, mask: torch.Tensor, p: float):
+        super().__init__(p, "logits")
+        object.__setattr__(self, "mask", mask)
+
+    def logits(self, x):
+        return x * self.mask[..., : x.shape[-1]] / (1 - self.p)
+
+
+def test_tra_logit_dropout_keeps_the_support_and_matches_the_notebooks_formula():
+    """A = dropout(S + D), then the mask (dropped keys and the future stay out), then the softmax:
+    a dropped kept key's logit is 0 and it stays in the softmax."""
+    g = torch.Generator().manual_seed(3)
+    B, Hh, T, Dh = 2, 2, 7, 4
+    q, k, v = (torch.randn(B, Hh, T, Dh, generator=g) for _ in range(3))
+    gate = torch.randn(B, Hh, T, generator=g)
+    mask = (torch.rand(B, Hh, T, T, generator=g) > 0.3).float()
+    p = 0.3
+    kept_weights = []
+    got = tra_attention(q, k, v, gate, dropout=FixedLogitMask(mask, p), keep=kept_weights)
+    qn, kn = F.rms_norm(q, (Dh,)), F.rms_norm(k, (Dh,))
+    raw = qn @ kn.transpose(-2, -1) / math.sqrt(Dh)
+    causal = torch.ones(T, T).tril().bool()
+    kept = (raw > 0) & causal
+    n = torch.flip(torch.cumsum(torch.flip(kept.float(), [-1]), -1), [-1])  # kept keys in [j, i] (per row, j <= i)
+    logits = (raw + n * F.logsigmoid(gate)[..., None]) * mask / (1 - p)
+    weights = torch.softmax(logits.masked_fill(~kept, float("-inf")), -1)
+    dead = ~kept.any(-1, keepdim=True)
+    weights = weights.nan_to_num(0.0).masked_fill(dead, 0.0)
+    assert torch.allclose(got, weights @ v, atol=1e-5)
+    support = kept_weights[0] > 0
+    assert torch.equal(support, kept & ~dead)  # the dropped kept keys are still attended: only the mask removes keys
+    assert ((mask == 0) & kept).any()  # the case that tells the two apart is in the test
+
+
+def test_logit_dropout_in_the_plain_path_drops_before_the_causal_mask():
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(cfg(attn_dropout=0.5, attn_dropout_on="logits"), 0).train()
+    scheme = PositionalScheme(cfg())
+    h = x(T=6)
+    torch.manual_seed(1)
+    got = attn(h, scheme, default_position_ids(6, h.device))
+    torch.manual_seed(1)
+    qkv = attn.c_attn(h)
+    q, k, v = (t.view(2, 6, H, D // H).transpose(1, 2) for t in qkv.split(D, -1))
+    logits = F.dropout(q @ k.transpose(-2, -1) / math.sqrt(D // H), 0.5)  # the same draws, in the same order
+    att = torch.softmax(logits.masked_fill(~torch.ones(6, 6).tril().bool(), float("-inf")), -1)
+    want = attn.c_proj((att @ v).transpose(1, 2).reshape(2, 6, D))
+    assert torch.allclose(got, want, atol=1e-5)
+    attn.eval()
+    assert torch.allclose(attn(h, scheme, default_position_ids(6, h.device)), attention_by_hand(attn, h), atol=1e-5)
+
+
+def test_logit_dropout_drops_about_p_of_the_logits():
+    x_ = torch.ones(200_000)
+    dropped = (AttentionDropout(0.1, "logits").logits(x_) == 0).float().mean()
+    assert abs(float(dropped) - 0.1) < 0.005
+    assert torch.equal(AttentionDropout(0.1, "weights").logits(x_), x_)  # the other placement leaves logits alone
+
+
+def test_embedding_dropout_and_bias_free_qkv():
+    model = Transformer(cfg(embed_dropout=0.5, bias=True, qkv_bias=False), 11).train()
+    assert model.blocks[0].attn.c_attn.bias is None and model.blocks[0].attn.c_proj.bias is not None
+    assert model.blocks[0].mlp.c_fc.bias is not None
+    torch.manual_seed(0)
+    e = model.embed(torch.randint(0, 11, (4, 50)), default_position_ids(50, None))
+    assert 0.4 < float((e == 0).float().mean()) < 0.6  # half the embedding entries dropped
+    assert not any(m.p for name, m in model.blocks.named_modules() if isinstance(m, torch.nn.Dropout))

@@ -68,6 +68,10 @@ def test_overrides_are_typed_and_win():
     ("model.mlp=swiglue", ["model.mlp", "did you mean swiglu"]),
     ("model.residual=post-norm", ["model.residual"]),
     ("model.attn_dropout=1.0", ["model.attn_dropout", "[0, 1)"]),
+    ("model.attn_dropout_on=logit", ["model.attn_dropout_on", "did you mean logits"]),
+    ("model.embed_dropout=1.5", ["model.embed_dropout", "[0, 1)"]),
+    ("model.qkv_bias=0", ["model.qkv_bias", "bool"]),
+    ("model.init=tra2", ["model.init", "did you mean tra"]),
     ("model.bias=1", ["model.bias", "bool"]),
     ("train.position_transform=pose2", ["train.position_transform", "did you mean pose"]),
     ("eval.sweep={bogus=[1]}", ["eval.sweep.bogus"]),
@@ -109,9 +113,12 @@ def test_bad_values_name_the_key(override, names):
     (["method=ntp-pause", "train.position_transform=random_offset", "train.position_transform_options={max_position=64}"],
      ["train.position_transform", "ntp-pause"]),
     (["task.name=multiplication", "eval.sweep={max_a_bits=[2, 0]}"], ["eval.sweep", "max_a_bits=0"]),
+    (["model.dropout=0.1", "model.embed_dropout=0.1"], ["model.dropout", "model.embed_dropout"]),
+    (["task.name=text", "train.position_transform=randomized", "train.position_transform_options={max_position=512}",
+      "model.position=sinusoidal"], ["randomized", "perplexity"]),
     (["eval.sweep={symbols=[]}"], ["eval.sweep"]),
 ], ids=["scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option", "none-has-no-options",
-        "table-under-transform", "pause-no-ids", "sweep-value", "sweep-empty"])
+        "table-under-transform", "pause-no-ids", "sweep-value", "two-embedding-dropouts", "randomized-text", "sweep-empty"])
 def test_scheme_transform_and_sweep_options_are_checked(overrides, names):
     with pytest.raises(ConfigError) as err:
         presets.load(None, overrides)

@@ -9,14 +9,13 @@ the released curriculum (src/curriculum.py, src/train.py) is replayed step by st
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 from lengthgen import config, presets
-from lengthgen.config import tomllib
 from lengthgen.train import curriculum_end, curriculum_max, learning_rate
+from preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "looped.md"
@@ -24,7 +23,6 @@ PAPER = ROOT / "experiments" / "looped" / "paper"
 SECTION = "## Paper presets and the released code"
 COMMON = "All six presets"
 TASKS = ("parity", "copy", "addition", "binary_sum", "multiplication", "unique_set")
-BOOKKEEPING = {"train.log_interval", "train.checkpoint_interval"}  # logging, not the experiment
 REQUIRED = {  # the settings every paper preset must document, whether it sets them or not
     "method", "task.name", "task.train_min", "task.train_max",
     "model.d_model", "model.n_layer", "model.n_head", "model.position", "model.init", "model.tie_embeddings",
@@ -45,55 +43,9 @@ RELEASED = {
 }
 
 
-def doc_section() -> str:
-    text = DOC.read_text(encoding="utf-8")
-    start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:] if end == -1 else text[start:end]
-
-
-def doc_tables() -> dict[str, dict]:
-    """{### heading: {lengthgen key: value}} of every table in the section."""
-    tables: dict[str, dict] = {}
-    heading = None
-    for line in doc_section().splitlines():
-        if line.startswith("### "):
-            heading = line[4:].strip()
-            continue
-        if not line.startswith("|") or heading is None:
-            continue
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if cells[0] == "setting" or not cells[0].strip("-"):  # header and separator rows
-            continue
-        assert len(cells) == 5, f"a row of {heading!r} needs 5 cells: {line}"
-        key = re.fullmatch(r"`([\w.]+)`", cells[3])
-        value = re.fullmatch(r"`(.+)`", cells[4])
-        assert key and value, f"a row of {heading!r} without a `key` and a `value`: {line}"
-        table = tables.setdefault(heading, {})
-        assert key.group(1) not in table, f"{key.group(1)} twice in {heading!r}"
-        table[key.group(1)] = tomllib.loads(f"v = {value.group(1)}")["v"]
-    return tables
-
-
 def expected(task: str) -> dict:
     """The documented values of one preset: the common table and the task's own."""
-    tables = doc_tables()
-    own = [table for heading, table in tables.items() if f"`experiments/looped/paper/{task}.toml`" in heading]
-    assert len(own) == 1, f"docs/looped.md needs one table headed with `experiments/looped/paper/{task}.toml`"
-    both = tables[COMMON].keys() & own[0].keys()
-    assert not both, f"{sorted(both)} in both the common table and {task}'s"
-    return {**tables[COMMON], **own[0]}
-
-
-def same(a, b) -> bool:
-    """Equal and of the same kind: true is not 1, an int may equal a float."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, list) or isinstance(b, list):
-        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, str) or isinstance(b, str):
-        return type(a) is type(b) and a == b
-    return a == b
+    return documented(doc_tables(DOC, SECTION), COMMON, f"experiments/looped/paper/{task}.toml")
 
 
 def load(task: str):
@@ -102,29 +54,26 @@ def load(task: str):
 
 def test_the_docs_have_a_table_for_every_paper_preset_and_a_list_of_the_rest():
     assert sorted(p.stem for p in PAPER.glob("*.toml")) == sorted(TASKS)
-    tables = doc_tables()
+    tables = doc_tables(DOC, SECTION)
     assert COMMON in tables
     for task in TASKS:
         expected(task)
     assert len(tables) == len(TASKS) + 1, sorted(tables)
-    assert "\n### Still different\n" in doc_section()
+    assert "\n### Still different\n" in doc_section(DOC, SECTION)
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_the_preset_holds_every_documented_value(task):
-    got = config.flat(config.to_dict(load(task)))
-    wrong = [f"{key}: preset {got.get(key, '<missing>')!r}, docs {value!r}"
-             for key, value in expected(task).items() if key not in got or not same(got[key], value)]
+    wrong = drift(PAPER / f"{task}.toml", expected(task))
     assert not wrong, f"{task}: " + "; ".join(wrong)
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_every_key_the_preset_sets_is_documented(task):
     path = PAPER / f"{task}.toml"
-    set_keys = set(config.flat(tomllib.loads(path.read_text(encoding="utf-8")))) - BOOKKEEPING
-    documented = set(expected(task))
-    assert not set_keys - documented, f"{path.name} sets undocumented keys {sorted(set_keys - documented)}"
-    assert not REQUIRED - documented, f"docs/looped.md lacks {sorted(REQUIRED - documented)} for {task}"
+    extra = undocumented(path, expected(task))
+    assert not extra, f"{path.name} sets undocumented keys {sorted(extra)}"
+    assert not REQUIRED - set(expected(task)), f"docs/looped.md lacks {sorted(REQUIRED - set(expected(task)))} for {task}"
     assert 'docs/looped.md, "Paper presets and the released code"' in " ".join(
         line.lstrip("# ") for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#"))
 
