@@ -20,10 +20,13 @@ Checkpoints written before the digests were recorded load unchecked.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -31,7 +34,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from .presets import from_dict
-from .errors import ConfigError, UserError
+from .errors import ConfigError, ResourceError, UserError
+from .resources import os_error_line
 
 LATEST = "latest"
 # state.json's keys: (Python type, JSON type, required); checkpoints before digests have no "sha256"
@@ -74,22 +78,26 @@ def sha256(file: Path) -> str:
 def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int = 1) -> Path:
     """Write checkpoint `step` under folder/checkpoints and point `latest` at it."""
     root = folder / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}"
     tmp = root / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    if ema is not None:
-        save_model(ema, str(tmp / "ema.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "sha256": digests}, indent=1))
-    # safetensors writes its files 0600; every file of a run gets the mode the umask gives the others
-    # (state.json's), so a colleague on a shared filesystem can evaluate the run
-    mode = (tmp / "state.json").stat().st_mode & 0o777
-    for file in tmp.iterdir():
-        file.chmod(mode)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))
+        if ema is not None:
+            save_model(ema, str(tmp / "ema.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "sha256": digests}, indent=1))
+        # safetensors writes its files 0600; every file of a run gets the mode the umask gives the others
+        # (state.json's), so a colleague on a shared filesystem can evaluate the run
+        mode = (tmp / "state.json").stat().st_mode & 0o777
+        for file in tmp.iterdir():
+            file.chmod(mode)
+    except (OSError, RuntimeError) as err:  # safetensors and torch.save report a full disk as RuntimeError too
+        shutil.rmtree(tmp, ignore_errors=True)  # never left half-written, never pointed to
+        raise checkpoint_fault(err, folder, step, (model, ema, optimizer)) from None
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -100,14 +108,53 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
     return final
 
 
+def tensor_bytes(obj) -> int:
+    """Bytes of every tensor inside nested dicts and lists (a state dict, an optimizer's)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(map(tensor_bytes, obj.values()))
+    return sum(map(tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def checkpoint_fault(err: BaseException, folder: Path, step: int, parts) -> BaseException:
+    """A checkpoint that could not be written as one line: the path, the bytes it takes and the
+    complete checkpoint that stays `latest`. An error that is not a failed write comes back as is."""
+    if not isinstance(err, OSError):  # safetensors' and torch.save's own errors for a failed write
+        text = str(err)
+        if not any(word in text.lower() for word in ("space", "file too large", "quota", "write")):
+            return err
+        err = OSError(errno.ENOSPC, text.splitlines()[0][:120], str(folder / "checkpoints"))
+    size = tensor_bytes([part.state_dict() for part in parts if part is not None])
+    good = latest(folder)
+    kept = f"the last complete checkpoint, {good.name}, stays latest" if good else "no checkpoint had been written"
+    return ResourceError(f"{os_error_line(err)}: checkpoint step {step} takes about {size / 2**20:,.1f} MiB; {kept}")
+
+
 def latest(folder: Path) -> Path | None:
-    pointer = folder / "checkpoints" / LATEST
+    """The newest complete checkpoint, as `latest` names it. The pointer names a step folder of its
+    own run and nothing else (not a path); a damaged one is skipped with a note for the newest
+    complete step folder, as a checkpoint's own files are whole or absent."""
+    root = folder / "checkpoints"
+    pointer = root / LATEST
     if not pointer.is_file():
         return None
-    path = folder / "checkpoints" / pointer.read_text().strip()
-    if not (path / "state.json").is_file():
-        raise UserError(f"checkpoint {path} named by {pointer} is missing or incomplete")
-    return path
+    try:
+        name = pointer.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if re.fullmatch(r"step_\d{8}", name):
+        path = root / name
+        if not (path / "state.json").is_file():
+            raise UserError(f"checkpoint {path} named by {pointer} is missing or incomplete")
+        return path
+    complete = sorted(p for p in root.glob("step_*") if re.fullmatch(r"step_\d{8}", p.name) and (p / "state.json").is_file())
+    if not complete:
+        raise UserError(f"{pointer} is damaged ({name[:40]!r} is not a step_NNNNNNNN checkpoint of this run) "
+                        "and no complete checkpoint is left beside it")
+    print(f"lengthgen: note: {pointer} is damaged; using the newest complete checkpoint, {complete[-1].name}",
+          file=sys.stderr)
+    return complete[-1]
 
 
 def read_state(path: Path) -> dict:

@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .errors import TrainingDiverged, UserError
+from .errors import ResourceError, TrainingDiverged, UserError
 
 
 def cmd_tasks(args) -> None:
@@ -231,9 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (UserError, TrainingDiverged) as err:
+    except (UserError, TrainingDiverged, ResourceError) as err:
         print(f"lengthgen: error: {err}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:  # a folder it cannot write, a full disk: the path and what to do
+        from .resources import os_error_line
+        print(f"lengthgen: error: {os_error_line(err)}", file=sys.stderr)
+        return 1
+    except (MemoryError, RuntimeError) as err:
+        from .resources import is_out_of_memory, oom_detail
+        if not is_out_of_memory(err):
+            raise
+        print(f"lengthgen: error: out of memory ({oom_detail(err)}): lower the batch size "
+              "(train.batch_size, eval --batch-size) or the model's size, or free memory", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("lengthgen: interrupted (a training run continues with --resume, a reproduction when run again)",
               file=sys.stderr)

@@ -6,7 +6,6 @@ standard error over seeds.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import defaultdict
@@ -17,6 +16,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from .evaluate import POSITION_LOSS, read_position_loss
 from .figures import _pyplot
+from .run_folders import read_metrics
 from .series import key_columns, series_colors, series_labels
 from .training_tests import PREFIX as TEST_PREFIX
 
@@ -44,27 +44,20 @@ def band(ax, x, curves: list[np.ndarray], color, label: str, style: str = "-") -
         ax.fill_between(x, mean - err, mean + err, color=color, alpha=0.2, lw=0)
 
 
-def read_metrics(folder: Path) -> list[dict]:
-    """The rows of RUN/metrics.jsonl ([] without one), skipping an unfinished last line of a killed run."""
-    path = Path(folder) / "metrics.jsonl"
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+def metrics_of(folder: Path) -> list[dict]:
+    """The rows of RUN/metrics.jsonl ([] without one); damaged lines are skipped with a note."""
+    return read_metrics(Path(folder) / "metrics.jsonl", skip_damaged=True)
 
 
 def read_losses(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    rows = read_metrics(folder)
+    rows = metrics_of(folder)
     return np.array([r["step"] for r in rows]), np.array([r["loss"] for r in rows], dtype=float)
 
 
 def read_tests(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{test key (test@max, test@24, ...): (steps, exact match)} of the tests during training."""
     out: dict[str, tuple[list, list]] = {}
-    for r in read_metrics(folder):
+    for r in metrics_of(folder):
         for k, v in r.items():
             if k.startswith(TEST_PREFIX):
                 out.setdefault(k, ([], []))[0].append(r["step"])

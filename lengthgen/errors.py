@@ -15,3 +15,10 @@ class TrainingDiverged(Exception):
     """The loss became NaN or inf; the last good checkpoint is kept. Exit code 1."""
 
     exit_code = 1
+
+
+class ResourceError(Exception):
+    """The machine cannot serve the run (memory, disk, a folder it cannot write); the message
+    names the resource and what to change, and the last complete checkpoint is kept. Exit code 1."""
+
+    exit_code = 1

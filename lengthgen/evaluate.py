@@ -27,7 +27,8 @@ from . import checkpoint
 from .config import Config
 from .presets import from_dict
 from .run_folders import check_eval_out, check_writable
-from .errors import UserError
+from .errors import ResourceError, UserError
+from .resources import is_out_of_memory, oom_detail
 from .methods import METHODS, Method, get_method
 from .stop_passes import confidence_precision, trace
 from .stopping import default_t_max, parse_rule, readout
@@ -291,6 +292,12 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
                                               stops, per_step, transform, draws)
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
+        except (MemoryError, RuntimeError) as err:
+            if not is_out_of_memory(err):
+                raise
+            raise ResourceError(f"out of memory evaluating length {length} in batches of {batch_size} "
+                                f"({oom_detail(err)}): lower --batch-size (eval.batch_size); the rows of "
+                                "earlier evaluations stay in eval.csv") from None
         ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
                  "seed": cfg.train.model_seed, "train_max": cfg.task.train_max,
                  **{k: cell(v) for k, v in options.items()}}
@@ -343,11 +350,17 @@ def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tu
     """Typed rows of a CSV this module wrote. A missing column or a value that is not a
     number (a truncated or hand-edited file) is a UserError naming the file and line."""
     path = Path(path)
-    with path.open(newline="") as f:
-        text = f.read()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise UserError(f"{path} line {line} is not text (binary data?); evaluate the run again") from None
     if text and not text.endswith("\n"):  # every line the csv writer writes ends in one
         raise UserError(f"{path} ends in the middle of a line (truncated?); evaluate the run again")
-    reader = csv.DictReader(io.StringIO(text))
+    if "\0" in text:
+        raise UserError(f"{path} line {text[:text.index(chr(0))].count(chr(10)) + 1} holds a NUL byte (damaged?); "
+                        "evaluate the run again")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     rows, header = list(reader), reader.fieldnames
     if not header:
         raise UserError(f"{path} is empty (no CSV header)")
@@ -391,11 +404,15 @@ def read_per_step(path: Path) -> list[dict]:
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     """Atomically; a column a row lacks (a file written before it existed) is left empty."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
-    tmp.replace(path)
+    try:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves the old file as it was, and no partial one
+        raise
 
 
 def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None, swept: list[str] = ()) -> None:

@@ -27,12 +27,13 @@ from . import checkpoint, trackers
 from .config import Config, to_dict, to_toml
 from .devices import autocast, check_precision, pick_device
 from .distributed import Ranks, no_sync, shard_seed
-from .presets import from_dict, load
-from .errors import TrainingDiverged, UserError
+from .presets import from_dict, load, longest_sequence
+from .resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
+from .errors import ResourceError, TrainingDiverged, UserError
 from .methods import get_method
 from .tasks import Batch, Task, task_of
 from .tasks.base import sample_mixed
-from .run_folders import check_deletable, unstarted
+from .run_folders import check_deletable, read_metrics, unstarted
 from .training_tests import PREFIX, due, run_tests
 from .transforms import build_transform
 
@@ -186,11 +187,12 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     ranks.join(device)
     cfg = ranks.sharded(cfg, resume)
     trackers.check_installed(cfg.train.log_to)
+    task, method = task_of(cfg.task), get_method(cfg.method)
+    check_fits(cfg, task.vocab_size, longest_sequence(cfg), device)  # sizes that cannot fit: refused now
     if not resume:  # made only once the device can serve the config, by one process
         ranks.first(lambda: prepare_run_dir(folder, force or restart))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    task, method = task_of(cfg.task), get_method(cfg.method)
     transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     torch.manual_seed(cfg.train.model_seed)
     model = method.build_model(cfg, task).to(device)
@@ -233,96 +235,95 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     # "time" in metrics.jsonl counts training seconds across resumes, not the time the run was stopped
     window_start, window_steps, window_samples = time.perf_counter(), 0, 0
     start_time = window_start - trained_seconds
-    with (metrics_path.open("a") if ranks.main else contextlib.nullcontext()) as log, contextlib.closing(sinks):
-        while step < tr.steps:
-            high = curriculum_max(cfg, step)
-            batches = draw_batches(cfg, task, transform, step, high, data, shards)
-            lr = learning_rate(cfg, step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            loss = backward(loss_of, batches, cfg, step, shards, device)
-            if tr.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
-            optimizer.step()
-            if ema is not None and step + 1 >= tr.ema_start:  # the EMA starts as the weights after step ema_start
-                with torch.no_grad():
-                    if step + 1 == tr.ema_start:
-                        torch._foreach_copy_(list(ema.parameters()), list(model.parameters()))
-                    else:
-                        torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
-            step += 1
-            # accumulate on the device: no host sync per step on GPUs
-            loss_sum += loss
-            finite &= torch.isfinite(loss)
-            window_steps += 1
-            window_samples += sum(map(len, batches))
-            last = step == tr.steps
-            if last:  # e.g. fit a probe on the trained model, in the weights that are tested
-                for trained in (model, ema) if ema is not None else (model,):
-                    method.finish(trained, cfg, task, device)
-            tested = tr.test_interval > 0 and (due(cfg, step) or last)
-            if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or tested:
-                # every process's losses and samples (the same tensors in a single process)
-                losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(
-                    float(window_samples), device=device))
-                if int(finite_count) < ranks.world:
-                    bar.close()
-                    good = checkpoint.latest(folder)
-                    kept = f"the last good checkpoint {good} is kept" if good else "no checkpoint had been written"
-                    raise TrainingDiverged(f"loss became NaN or inf at or before step {step}; training stopped, {kept}")
-                elapsed = time.perf_counter() - window_start
-                row = {"step": step, "loss": float(losses) / (window_steps * ranks.world), "lr": lr, "max_length": high,
-                       "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
-                if tested and ranks.main:  # its seconds are not training time
-                    began = time.perf_counter()
-                    tested_weights = ema if ema is not None and step >= tr.ema_start else model
-                    row.update(run_tests(cfg, task, method, tested_weights, high, device))
-                    start_time += time.perf_counter() - began
-                if ranks.main:
-                    log.write(json.dumps(row) + "\n")
-                    log.flush()
-                    sinks.log(row)
-                shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
-                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}",
-                                **shown_tests)
-                loss_sum.zero_()
-                window_start, window_steps, window_samples = time.perf_counter(), 0, 0
-                if ranks.main and (step % tr.checkpoint_interval == 0 or last):
-                    save()
-            bar.update(1)
+    try:  # out of memory or disk: one line saying what to change and which checkpoint is kept
+        with (metrics_path.open("a") if ranks.main else contextlib.nullcontext()) as log, contextlib.closing(sinks):
+            while step < tr.steps:
+                high = curriculum_max(cfg, step)
+                batches = draw_batches(cfg, task, transform, step, high, data, shards)
+                lr = learning_rate(cfg, step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad(set_to_none=True)
+                loss = backward(loss_of, batches, cfg, step, shards, device)
+                if tr.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+                optimizer.step()
+                if ema is not None and step + 1 >= tr.ema_start:  # the EMA starts as the weights after step ema_start
+                    with torch.no_grad():
+                        if step + 1 == tr.ema_start:
+                            torch._foreach_copy_(list(ema.parameters()), list(model.parameters()))
+                        else:
+                            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
+                step += 1
+                # accumulate on the device: no host sync per step on GPUs
+                loss_sum += loss
+                finite &= torch.isfinite(loss)
+                window_steps += 1
+                window_samples += sum(map(len, batches))
+                last = step == tr.steps
+                if last:  # e.g. fit a probe on the trained model, in the weights that are tested
+                    for trained in (model, ema) if ema is not None else (model,):
+                        method.finish(trained, cfg, task, device)
+                tested = tr.test_interval > 0 and (due(cfg, step) or last)
+                if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or tested:
+                    # every process's losses and samples (the same tensors in a single process)
+                    losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(
+                        float(window_samples), device=device))
+                    if int(finite_count) < ranks.world:
+                        bar.close()
+                        good = checkpoint.latest(folder)
+                        kept = f"the last good checkpoint {good} is kept" if good else "no checkpoint had been written"
+                        raise TrainingDiverged(f"loss became NaN or inf at or before step {step}; training stopped, {kept}")
+                    elapsed = time.perf_counter() - window_start
+                    row = {"step": step, "loss": float(losses) / (window_steps * ranks.world), "lr": lr, "max_length": high,
+                           "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
+                    if tested and ranks.main:  # its seconds are not training time
+                        began = time.perf_counter()
+                        tested_weights = ema if ema is not None and step >= tr.ema_start else model
+                        row.update(run_tests(cfg, task, method, tested_weights, high, device))
+                        start_time += time.perf_counter() - began
+                    if ranks.main:
+                        log.write(json.dumps(row) + "\n")
+                        log.flush()
+                        sinks.log(row)
+                    shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
+                    bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}",
+                                    **shown_tests)
+                    loss_sum.zero_()
+                    window_start, window_steps, window_samples = time.perf_counter(), 0, 0
+                    if ranks.main and (step % tr.checkpoint_interval == 0 or last):
+                        save()
+                bar.update(1)
+    except (MemoryError, RuntimeError, OSError) as err:
+        bar.close()
+        fault = resource_fault(err, cfg, folder, step)
+        if fault is None:
+            raise
+        raise fault from None
     bar.close()
     ranks.barrier()  # every process returns once the last checkpoint is written
     return {"step": step, "folder": str(folder), "device": str(device)}
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    """The rows of metrics.jsonl. A run killed mid-write leaves a partial last line: it is
-    dropped with a note (resume drops the lines after the checkpoint anyway); a bad line
-    anywhere else is an error, since the file was then damaged by something else."""
-    text = path.read_text(errors="replace")  # undecodable bytes make their line unparseable
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
-    rows = []
-    for number, line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if number == lines[-1][0]:
-                print(f"lengthgen: note: dropped the unfinished last line {number} of {path}", file=sys.stderr)
-                continue
-            raise UserError(f"{path} line {number} is not valid JSON") from None
-        if not (isinstance(row, dict) and isinstance(row.get("step"), int)
-                and isinstance(row.get("time", 0), (int, float))):
-            raise UserError(f"{path} line {number} is not a metrics row (an object with an integer step)")
-        rows.append(row)
-    return rows
+def resource_fault(err: BaseException, cfg: Config, folder: Path, step: int) -> ResourceError | None:
+    """Running out of memory or disk at `step` as one line, with what to change and the checkpoint
+    that is kept (checkpoints are written atomically: a failed one is never `latest`)."""
+    good = checkpoint.latest(folder) if (folder / "checkpoints").is_dir() else None
+    kept = (f"the last complete checkpoint, {good.name}, is kept (lengthgen train --resume --out {folder} "
+            "continues from it)" if good else "no checkpoint had been written")
+    if is_out_of_memory(err):
+        return ResourceError(f"out of memory at step {step + 1} ({oom_detail(err)}); lower "
+                             f"train.batch_size (now {cfg.train.batch_size}) or the model's size, or free memory; {kept}")
+    if isinstance(err, OSError) and err.errno in DISK_FULL | NOT_WRITABLE:
+        return ResourceError(f"{os_error_line(err)} at step {step}; {kept}")
+    return None
 
 
 def _truncate_metrics(path: Path, step: int) -> float:
     """Drop the lines after `step`; returns the training seconds of the last line kept."""
     if not path.exists():
         return 0.0
-    rows = [row for row in _read_metrics(path) if row["step"] <= step]
+    rows = [row for row in read_metrics(path) if row["step"] <= step]
     checkpoint.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     return float(rows[-1].get("time", 0.0)) if rows else 0.0
 

@@ -29,6 +29,7 @@ from torch import Tensor
 IGNORE = -100  # target value of unscored positions (torch's cross-entropy default)
 SPECIALS = ("<pad>", "<eos>", "_")  # every vocabulary starts with these three
 PAD, EOS, BLANK = 0, 1, 2
+MAX_VOCAB = 2 ** 20  # the largest vocabulary a task option may ask for: one embedding row per token
 
 
 @dataclass

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import EOS, SPECIALS
+from .base import EOS, MAX_VOCAB, SPECIALS
 
 SPLITS = ("train", "validation", "test")
 SOURCES = ("python-docs", "files", "wikitext-103")
@@ -164,8 +164,8 @@ class Corpus:
         if tokenizer == "bytes" and vocab_size:
             raise ValueError("vocab_size applies to tokenizer 'bpe' (bytes has 256 + 3 tokens)")
         if tokenizer == "bpe" and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                   or not 512 <= vocab_size <= 2**20):
-            raise ValueError(f"tokenizer 'bpe' needs vocab_size, an integer in [512, 1048576], got {vocab_size!r}")
+                                   or not 512 <= vocab_size <= MAX_VOCAB):
+            raise ValueError(f"tokenizer 'bpe' needs vocab_size, an integer in [512, {MAX_VOCAB}], got {vocab_size!r}")
         self.source, self.path, self.tokenizer, self.vocab_size_asked = source, path, tokenizer, vocab_size
         self._memmaps: dict[str, np.memmap] = {}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import IGNORE, Batch, Task, assemble, end_with, prefix_mask
+from .base import IGNORE, MAX_VOCAB, Batch, Task, assemble, end_with, prefix_mask
 
 
 class UniqueSet(Task):
@@ -29,8 +29,9 @@ class UniqueSet(Task):
     example = "3 17 3 9 = -> 3 17 9"
 
     def __init__(self, *, symbols: int = 50, coupled: bool = False):
-        if not isinstance(symbols, int) or isinstance(symbols, bool) or symbols < 1:
-            raise ValueError(f"unique_set: symbols must be an integer >= 1, got {symbols!r}")
+        if not isinstance(symbols, int) or isinstance(symbols, bool) or not 1 <= symbols <= MAX_VOCAB:
+            raise ValueError(f"unique_set: symbols must be an integer in 1..{MAX_VOCAB} (the vocabulary "
+                             f"is an embedding table), got {symbols!r}")
         if not isinstance(coupled, bool):
             raise ValueError(f"unique_set: coupled must be true or false, got {coupled!r}")
         self.coupled = coupled
