@@ -20,8 +20,8 @@ Checkpoints written before the digests were recorded load unchecked.
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
+import io
 import json
 import os
 import re
@@ -35,7 +35,7 @@ from safetensors.torch import load_model, save_model
 
 from .presets import from_dict
 from .errors import ConfigError, ResourceError, UserError
-from .resources import os_error_line
+from .resources import DISK_FULL, NOT_WRITABLE, human_bytes, os_error_line
 
 LATEST = "latest"
 # state.json's keys: (Python type, JSON type, required); checkpoints before digests have no "sha256"
@@ -87,7 +87,11 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
         save_model(model, str(tmp / "model.safetensors"))
         if ema is not None:
             save_model(ema, str(tmp / "ema.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        # serialised in memory, written by Python: a full disk is then an OSError naming the file
+        # (torch.save's own writer reports it as "unexpected pos 55808 vs 55696")
+        serialised = io.BytesIO()
+        torch.save(optimizer.state_dict(), serialised)
+        (tmp / "optimizer.pt").write_bytes(serialised.getbuffer())
         digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(json.dumps({**state, "step": step, "sha256": digests}, indent=1))
         # safetensors writes its files 0600; every file of a run gets the mode the umask gives the others
@@ -95,7 +99,7 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
         mode = (tmp / "state.json").stat().st_mode & 0o777
         for file in tmp.iterdir():
             file.chmod(mode)
-    except (OSError, RuntimeError) as err:  # safetensors and torch.save report a full disk as RuntimeError too
+    except (OSError, SafetensorError) as err:
         shutil.rmtree(tmp, ignore_errors=True)  # never left half-written, never pointed to
         raise checkpoint_fault(err, folder, step, (model, ema, optimizer)) from None
     final = root / name
@@ -117,18 +121,24 @@ def tensor_bytes(obj) -> int:
     return sum(map(tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
 
 
-def checkpoint_fault(err: BaseException, folder: Path, step: int, parts) -> BaseException:
-    """A checkpoint that could not be written as one line: the path, the bytes it takes and the
-    complete checkpoint that stays `latest`. An error that is not a failed write comes back as is."""
-    if not isinstance(err, OSError):  # safetensors' and torch.save's own errors for a failed write
-        text = str(err)
-        if not any(word in text.lower() for word in ("space", "file too large", "quota", "write")):
+def checkpoint_fault(err: Exception, folder: Path, step: int, parts) -> Exception:
+    """A checkpoint that could not be written as one line: the path, the bytes it needs, the bytes
+    free and the complete checkpoint that stays `latest`. Any other error comes back as is."""
+    if isinstance(err, SafetensorError):  # "I/O error: No space left on device (os error 28)"
+        code = re.search(r"os error (\d+)", str(err))
+        if not code:
             return err
-        err = OSError(errno.ENOSPC, text.splitlines()[0][:120], str(folder / "checkpoints"))
+        err = OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(folder / "checkpoints"))
+    if err.errno not in DISK_FULL | NOT_WRITABLE:
+        return err
     size = tensor_bytes([part.state_dict() for part in parts if part is not None])
+    try:
+        free = f", {human_bytes(shutil.disk_usage(folder).free)} free"  # the failed checkpoint is gone by now
+    except OSError:
+        free = ""
     good = latest(folder)
     kept = f"the last complete checkpoint, {good.name}, stays latest" if good else "no checkpoint had been written"
-    return ResourceError(f"{os_error_line(err)}: checkpoint step {step} takes about {size / 2**20:,.1f} MiB; {kept}")
+    return ResourceError(f"{os_error_line(err)} (checkpoint step {step} needs about {human_bytes(size)}{free}); {kept}")
 
 
 def latest(folder: Path) -> Path | None:

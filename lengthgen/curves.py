@@ -49,15 +49,16 @@ def metrics_of(folder: Path) -> list[dict]:
     return read_metrics(Path(folder) / "metrics.jsonl", skip_damaged=True)
 
 
-def read_losses(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    rows = metrics_of(folder)
+def read_losses(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, training losses) of a run's metrics rows."""
+    rows = [r for r in rows if isinstance(r.get("loss"), (int, float))]
     return np.array([r["step"] for r in rows]), np.array([r["loss"] for r in rows], dtype=float)
 
 
-def read_tests(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_tests(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{test key (test@max, test@24, ...): (steps, exact match)} of the tests during training."""
     out: dict[str, tuple[list, list]] = {}
-    for r in metrics_of(folder):
+    for r in rows:
         for k, v in r.items():
             if k.startswith(TEST_PREFIX):
                 out.setdefault(k, ([], []))[0].append(r["step"])
@@ -77,7 +78,8 @@ def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
     and test length (solid: the current curriculum maximum). Returns the loss panels drawn."""
     groups = runs_by_series(rows, agg)
     tasks = sorted({task for task, _ in groups})
-    tests = {folder: read_tests(folder) for entry in groups.values() for folder in entry["runs"]}
+    metrics = {folder: metrics_of(folder) for entry in groups.values() for folder in entry["runs"]}  # read once
+    tests = {folder: read_tests(rows) for folder, rows in metrics.items()}
     tested = any(tests.values())
     plt = _pyplot()
     fig, axes = plt.subplots(1 + tested, len(tasks), figsize=(5 * len(tasks), 3.6 * (1 + tested)), squeeze=False)
@@ -89,7 +91,7 @@ def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
         seen.update(entry["runs"])
     for ax, task in zip(axes[0], tasks):
         for (t, series), entry in groups.items():
-            runs = [read_losses(folder) for folder in owned[(t, series)] if t == task]
+            runs = [read_losses(metrics[folder]) for folder in owned[(t, series)] if t == task]
             runs = [r for r in runs if len(r[0])]
             if not runs:
                 continue
@@ -101,7 +103,8 @@ def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
         low, high = ax.get_ylim()
         if high < 10 * low:  # minor labels fit only within a decade
             ax.yaxis.set_minor_formatter(ScalarFormatter())
-        ax.legend(fontsize=7, frameon=False)
+        if ax.lines:  # a run whose every metrics line was damaged draws nothing
+            ax.legend(fontsize=7, frameon=False)
     for ax, task in zip(axes[1] if tested else [], tasks):
         for (t, series), entry in groups.items():
             folders = owned[(t, series)]

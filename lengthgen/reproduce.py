@@ -220,9 +220,14 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
     jobs = grids.plan(grid, scale, tasks, arms, seeds, out, workers, samples, extra, threads)
     from .devices import check_precision, pick_device
-    settings = {(c.train.device, c.train.precision) for c in (load(job.preset, job.overrides) for job in jobs)}
-    for device, precision in settings if backend == "local" else ():  # refuse here once, not in every worker
-        check_precision(pick_device(device), precision)  # (on a cluster, each run checks the node it lands on)
+    from .presets import longest_sequence
+    from .resources import check_fits
+    from .tasks import task_of
+    configs = [load(job.preset, job.overrides) for job in jobs]
+    for device, precision in {(c.train.device, c.train.precision) for c in configs} if backend == "local" else ():
+        check_precision(pick_device(device), precision)  # refused here once, not in every worker
+    for cfg in configs if backend == "local" else ():  # (on a cluster, each run checks the node it lands on)
+        check_fits(cfg, task_of(cfg.task).vocab_size, longest_sequence(cfg), pick_device(cfg.train.device))
     check_overwritable(out, REPRODUCTION_FILES)  # e.g. --out . in a project with a report.md of its own
     out.mkdir(parents=True, exist_ok=True)
     with OutLock(out):  # until the report is written: a second reproduce on --out stops at once

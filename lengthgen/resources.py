@@ -23,7 +23,15 @@ from .config import Config
 
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (ulimit -f)
 NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
-GIB = 2 ** 30
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB": sizes in messages, in the unit that shows them."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -65,9 +73,9 @@ def training_memory(cfg: Config, vocab_size: int, tokens: int) -> tuple[int, str
     params = parameters_at_least(cfg, vocab_size)
     weights = params * 4 * (4 + (cfg.train.ema > 0))  # weights, gradients, AdamW's 2 moments (+ EMA), fp32
     inputs = cfg.model.n_layer * cfg.train.batch_size * tokens * cfg.model.d_model * 4  # saved for backward
-    how = (f"{params:,} parameters x {4 * (4 + (cfg.train.ema > 0))} bytes = {weights / GIB:,.1f} GiB, and "
+    how = (f"{params:,} parameters x {4 * (4 + (cfg.train.ema > 0))} bytes = {human_bytes(weights)}, and "
            f"{cfg.model.n_layer} blocks' inputs of {cfg.train.batch_size:,} x {tokens:,} tokens x "
-           f"d_model {cfg.model.d_model:,} = {inputs / GIB:,.1f} GiB")
+           f"d_model {cfg.model.d_model:,} = {human_bytes(inputs)}")
     return weights + inputs, how
 
 
@@ -79,8 +87,8 @@ def check_fits(cfg: Config, vocab_size: int, tokens: int, device: torch.device) 
     need, how = training_memory(cfg, vocab_size, tokens)
     if have is not None and need > have:
         raise ResourceError(
-            f"this run needs at least {need / GIB:,.1f} GiB to train ({how}); the {device.type} has "
-            f"{have / GIB:,.1f} GiB: lower train.batch_size, model.d_model or the task's vocabulary (task.options)")
+            f"this run needs at least {human_bytes(need)} to train ({how}); the {device.type} has "
+            f"{human_bytes(have)}: lower train.batch_size, model.d_model or the task's vocabulary (task.options)")
 
 
 def is_out_of_memory(err: BaseException) -> bool:

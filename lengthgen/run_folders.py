@@ -110,8 +110,8 @@ def check_overwritable(out: Path, names: tuple[str, ...]) -> None:
     for name in names:
         path = Path(out) / name
         if path.exists() and not written_by_lengthgen(path):
-            raise UserError(f"{out} holds a {name} that lengthgen did not write; not overwriting it: "
-                            "give another --out")
+            raise UserError(f"{path} is not one lengthgen wrote (or it is damaged); not overwriting it: "
+                            "move it away or give another --out")
 
 
 def check_writable(folder: Path, hint: str) -> None:

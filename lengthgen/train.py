@@ -141,7 +141,7 @@ def prepare_run_dir(folder: Path, force: bool) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"cannot make run folder {folder}: {err.strerror}") from None
+        raise UserError(f"cannot make run folder {folder}: {err.strerror}; give a folder you can write (--out)") from None
 
 
 def resumed_config(folder: Path) -> tuple[Config, bool]:
@@ -323,7 +323,7 @@ def _truncate_metrics(path: Path, step: int) -> float:
     """Drop the lines after `step`; returns the training seconds of the last line kept."""
     if not path.exists():
         return 0.0
-    rows = [row for row in read_metrics(path) if row["step"] <= step]
+    rows = [row for row in read_metrics(path, skip_damaged=True) if row["step"] <= step]  # noted, not fatal
     checkpoint.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     return float(rows[-1].get("time", 0.0)) if rows else 0.0
 

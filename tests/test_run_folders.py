@@ -20,24 +20,7 @@ from lengthgen.run_folders import UNSTARTED, OutLock, foreign
 from lengthgen.tasks import corpus as corpora
 from lengthgen.tasks.corpus import Corpus, CorpusError
 from lengthgen.train import train
-
-TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
-        "train.batch_size=8", "train.log_interval=5", "train.device=cpu", "train.steps=6",
-        "train.checkpoint_interval=100", "eval.lengths=2,4", "eval.samples=16"]
-
-
-def tiny(*extra: str):
-    return presets.load(None, TINY + list(extra))
-
-
-def train_cli(out, *extra: str) -> int:
-    return main(["train", *[f"--set={s}" for s in TINY], "--out", str(out), "--no-progress", *extra])
-
-
-def one_line_error(capsys) -> str:
-    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("note:")]
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    return err[0]
+from tiny_runs import one_line_error, tiny, train_cli
 
 
 def snapshot(folder) -> dict:
@@ -131,10 +114,10 @@ def test_report_and_reproduce_do_not_overwrite_files_they_did_not_write(tmp_path
     out.mkdir()
     (out / "report.md").write_text("# my own report\n")
     assert main(["report", str(tmp_path / "a"), "--out", str(out)]) == 2
-    assert "report.md that lengthgen did not write" in one_line_error(capsys)
+    assert "report.md is not one lengthgen wrote" in one_line_error(capsys)
     assert (out / "report.md").read_text() == "# my own report\n" and not (out / "results.csv").exists()
     assert main(["reproduce", "looped", "--out", str(out), "--no-progress"]) == 2
-    assert "report.md that lengthgen did not write" in one_line_error(capsys)
+    assert "report.md is not one lengthgen wrote" in one_line_error(capsys)
     assert main(["report", str(tmp_path / "a")]) == 0  # its own report, written twice
     assert main(["report", str(tmp_path / "a")]) == 0
 

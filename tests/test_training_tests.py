@@ -10,7 +10,7 @@ import torch
 
 from lengthgen import presets
 from lengthgen.checkpoint import latest
-from lengthgen.curves import read_tests
+from lengthgen.curves import metrics_of, read_tests
 from lengthgen.errors import ConfigError
 from lengthgen.evaluate import evaluate_run
 from lengthgen.train import train
@@ -42,7 +42,7 @@ def test_tests_are_written_at_every_interval_with_the_current_maximum(tested):
     assert all(keys <= r.keys() and all(0 <= r[k] <= 1 for k in keys) for r in with_tests)
     assert [r["max_length"] for r in with_tests] == [3, 4, 4]  # the curriculum's maximum at that step
     assert all("test@max" not in r for r in rows if r["step"] % 40)
-    curves = read_tests(tested[0])
+    curves = read_tests(metrics_of(tested[0]))
     assert set(curves) == keys and list(curves["test@6"][0]) == [40, 80, 120]
 
 

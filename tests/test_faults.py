@@ -1,0 +1,463 @@
+"""Fault injection: the machine failing under lengthgen and its files damaged on disk, made to
+happen for real. Memory runs out under an address-space limit on a subprocess, the disk fills up
+in a small tmpfs (where mounting is permitted) and under a file-size limit, folders cannot be
+written under permission bits (as root, with the two capabilities that bypass them dropped), files
+are damaged by replacing, truncating and flipping bytes, and processes are killed at random
+points. Each test checks what the user sees (a non-zero exit, one line, no traceback) and what is
+kept (the run resumes, or the command reruns, to the numbers of an undisturbed one).
+docs/faults.md tabulates every fault tried here."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lengthgen.checkpoint import latest
+from lengthgen.cli import main
+from lengthgen.evaluate import read_rows
+from lengthgen.run_folders import unstarted
+from tiny_runs import TINY, error_lines, one_line_error, train_cli
+
+GIB = 2 ** 30
+# the driver runs several CLI calls in one process (one torch import) and prints each call's exit
+# code and stderr as JSON on its last line: stdout is a pipe, which no file-size limit stops
+DRIVER = r"""
+import contextlib, io, json, sys, traceback
+from lengthgen.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as stop:
+            code = stop.code
+        except BaseException:
+            code = "traceback"
+            err.write(traceback.format_exc())
+    results.append([code, err.getvalue()])
+print("\n" + json.dumps(results))
+"""
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, PR_CAPBSET_DROP = 1, 2, 24
+
+
+def limited(memory: int = 0, file_size: int = 0, unprivileged: bool = False):
+    """A preexec_fn: address-space and file-size limits, and for root the capabilities that let
+    it write where permission bits say no (dropped from the bounding set, so gone after exec)."""
+    def apply():
+        if memory:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if file_size:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+        if unprivileged and os.geteuid() == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+    return apply
+
+
+def calls(argvs: list[list[str]], cwd: Path, **limits) -> list[tuple[object, str]]:
+    """(exit code, stderr) of each `lengthgen` call, run in one subprocess under `limits`."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], cwd=cwd, capture_output=True,
+                          text=True, preexec_fn=limited(**limits), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [tuple(r) for r in json.loads(proc.stdout.rstrip().rsplit("\n", 1)[-1])]
+
+
+def failed_in_one_line(result: tuple[object, str]) -> str:
+    code, err = result
+    lines = error_lines(err)
+    assert code not in (0, "traceback") and "Traceback" not in err and len(lines) == 1, err
+    return lines[0]
+
+
+def weights(run: Path, step: int) -> dict:
+    return load_file(run / "checkpoints" / f"step_{step:08d}" / "model.safetensors")
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A trained and evaluated toy run, copied by the tests that damage it."""
+    folder = tmp_path_factory.mktemp("faults") / "run"
+    assert train_cli(folder) == 0 and main(["eval", str(folder), "--no-progress"]) == 0
+    return folder
+
+
+@pytest.fixture
+def copy(run, tmp_path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+# -- memory -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, names", [
+    ("train.batch_size=100000000", "train.batch_size"),
+    ("model.d_model=1000000", "model.d_model"),
+    ("task.options={symbols=100000000}", "symbols"),
+], ids=["batch", "width", "vocabulary"])
+def test_sizes_past_the_machine_are_refused_before_anything_is_written(tmp_path, capsys, setting, names):
+    extra = ["--set=task.name=unique_set"] if "symbols" in setting else []
+    assert train_cli(tmp_path / "run", *extra, f"--set={setting}") != 0
+    assert names in one_line_error(capsys) and not (tmp_path / "run").exists()
+
+
+def test_a_reproduction_past_the_machine_is_refused_before_its_first_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", "looped", "--tasks", "parity", "--arms", "ntp", "--seeds", "1", "--out", str(out),
+                 "--set", "train.batch_size=100000000", "--no-progress"]) == 1
+    assert "train.batch_size" in one_line_error(capsys) and not out.exists()
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_training_and_evaluation_is_one_line_and_nothing_is_lost(run, tmp_path):
+    """Under a 1.5 GiB address space (torch needs about 0.65 of it), a batch of 4,096 copies of
+    length 100 and an evaluation batch of 16,384 do not fit; their sizes pass the up-front check,
+    so the allocators fail for real."""
+    big = [f"--set={s}" for s in TINY + ["task.train_min=100", "task.train_max=100", "train.batch_size=4096",
+                                         "train.steps=1", "train.threads=1"]]
+    shutil.copytree(run, tmp_path / "run")
+    before = (tmp_path / "run" / "eval.csv").read_bytes()
+    trained, evaluated = calls([["train", *big, "--out", "oom", "--no-progress"],
+                                ["eval", "run", "--lengths", "100", "--samples", "16384", "--batch-size", "16384",
+                                 "--no-progress"]], tmp_path, memory=3 * GIB // 2)
+    line = failed_in_one_line(trained)
+    assert "out of memory at step 1" in line and "train.batch_size" in line and "no checkpoint" in line
+    line = failed_in_one_line(evaluated)
+    assert "out of memory evaluating length 100" in line and "--batch-size" in line
+    assert (tmp_path / "run" / "eval.csv").read_bytes() == before  # the earlier evaluation is kept
+    # with the memory back, the stopped run continues: from step 0, as it had no checkpoint (that
+    # this gives a fresh run's weights is tested in test_run_folders.py)
+    assert unstarted(tmp_path / "oom")
+    assert main(["train", "--resume", "--out", str(tmp_path / "oom"), "--no-progress"]) == 0
+    assert latest(tmp_path / "oom").name == "step_00000001"
+
+
+# -- a full disk ------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 300 KiB tmpfs: one checkpoint of the model below fits, two do not."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs is not permitted here (the file-size-limit test covers a full disk)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_a_full_disk_keeps_the_last_complete_checkpoint_and_the_run_resumes(small_disk, tmp_path, capsys):
+    sets = ["--set=model.d_model=32", "--set=train.steps=40", "--set=train.checkpoint_interval=10"]
+    run = small_disk / "run"
+    assert train_cli(run, *sets) == 1
+    line = one_line_error(capsys)
+    assert "no space left" in line and "checkpoint step 20 needs about" in line and "free" in line
+    assert "step_00000010, stays latest" in line
+    assert latest(run).name == "step_00000010"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000010"]  # no half-written one
+    # evaluation and a report need room too: one line each, and the files they would replace are kept
+    assert main(["eval", str(run), "--no-progress"]) == 0
+    evaluated = (run / "eval.csv").read_bytes()
+    filler = small_disk / "filler"
+    try:
+        with open(filler, "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:  # the disk is full
+        pass
+    assert main(["eval", str(run), "--lengths", "2,3,4", "--no-progress"]) == 1
+    assert "no space left" in one_line_error(capsys) and (run / "eval.csv").read_bytes() == evaluated
+    assert main(["report", str(run)]) == 1
+    assert "no space left" in one_line_error(capsys)
+    # with room again, the run goes on from step 10 to the weights of an undisturbed run
+    filler.unlink()
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    assert main(["train", "--resume", "--out", str(run), "--no-progress"]) == 0
+    assert train_cli(tmp_path / "undisturbed", *sets) == 0
+    assert same_weights(weights(run, 40), weights(tmp_path / "undisturbed", 40))
+
+
+def test_a_file_size_limit_stops_writes_in_one_line_and_the_run_resumes(run, tmp_path):
+    """Under an 8 KiB file-size limit the first checkpoint (weights of about 40 KiB)
+    cannot be written, nor can a figure of a report."""
+    sets = [f"--set={s}" for s in TINY + ["model.d_model=32", "train.steps=20", "train.checkpoint_interval=10"]]
+    shutil.copytree(run, tmp_path / "run")
+    trained, reported = calls([["train", *sets, "--out", "stopped", "--no-progress"], ["report", "run"]],
+                              tmp_path, file_size=8 * 1024)
+    line = failed_in_one_line(trained)
+    assert "(File too large)" in line and "no checkpoint had been written" in line
+    assert "File too large" in failed_in_one_line(reported)
+    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "stopped").rglob("*"))
+    assert main(["train", "--resume", "--out", str(tmp_path / "stopped"), "--no-progress"]) == 0
+    assert main(["train", *sets, "--out", str(tmp_path / "undisturbed"), "--no-progress"]) == 0
+    assert same_weights(weights(tmp_path / "stopped", 20), weights(tmp_path / "undisturbed", 20))
+
+
+# -- folders it cannot write ----------------------------------------------------------------------------
+
+def permission_bits_bind(tmp_path) -> bool:
+    """Whether a process started with `limited(unprivileged=True)` is stopped by a read-only folder."""
+    folder = tmp_path / "probe"
+    folder.mkdir(mode=0o555)
+    try:
+        touched = subprocess.run(["touch", str(folder / "x")], capture_output=True,
+                                 preexec_fn=limited(unprivileged=True))
+    except OSError:  # root without CAP_SETPCAP: cannot drop the capabilities
+        return False
+    finally:
+        (folder / "x").unlink(missing_ok=True)
+        folder.chmod(0o755)
+    return touched.returncode != 0
+
+
+def test_folders_it_cannot_write_are_named_before_any_work(run, tmp_path):
+    if not permission_bits_bind(tmp_path):
+        pytest.skip("permission bits do not stop this user's writes")
+    shutil.copytree(run, tmp_path / "run")
+    (tmp_path / "locked").mkdir()
+    for folder in (tmp_path / "run", tmp_path / "locked"):
+        for path in (folder, *folder.rglob("*")):
+            path.chmod(0o555 if path.is_dir() else 0o444)
+    before = tree(tmp_path)
+    try:
+        results = calls([["train", *[f"--set={s}" for s in TINY], "--out", "locked/new", "--no-progress"],
+                         ["eval", "run", "--no-progress"],
+                         ["report", "run"],
+                         ["report", "run", "--out", "locked/report"],
+                         ["report", "run", "--curves", "--out", "locked/report"],
+                         ["reproduce", "looped", "--tasks", "parity", "--arms", "ntp", "--seeds", "1",
+                          "--out", "locked/reproduction", "--no-progress"]], tmp_path, unprivileged=True)
+        for result, path in zip(results, ["locked/new", "run", "run", "locked/report", "locked/report",
+                                          "locked/reproduction"]):
+            line = failed_in_one_line(result)
+            assert path in line and "Permission denied" in line and "--out" in line, line
+        assert tree(tmp_path) == before  # nothing written, nothing removed
+    finally:
+        for path in tmp_path.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+# -- damaged files ------------------------------------------------------------------------------------
+
+def garbage(path: Path) -> None:
+    path.write_bytes(bytes(random.Random(path.name).randrange(256) for _ in range(300)))
+
+
+def flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at % len(data)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "nul"])
+def test_a_damaged_eval_csv_is_named_with_its_line(copy, capsys, damage):
+    path = copy / "eval.csv"
+    text = path.read_bytes()
+    {"garbage": lambda: garbage(path), "truncated": lambda: path.write_bytes(text[:-7]),
+     "nul": lambda: path.write_bytes(text.replace(b",", b"\0", 1))}[damage]()
+    assert main(["report", str(copy)]) == 2
+    line = one_line_error(capsys)
+    assert str(path) in line and ("line" in line or "truncated" in line)
+
+
+def test_a_damaged_metrics_log_is_skipped_with_a_note_by_curves_and_resume(copy, capsys):
+    path = copy / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_bytes(b"\x8f\x00garbage\n" + "\n".join(lines).encode() + b"\n")
+    assert main(["report", str(copy), "--curves"]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped 1 damaged line(s) of {path} (first: line 1)" in err and (copy / "training_curves.png").is_file()
+    assert err.count("skipped") == 1  # read once per report
+    garbage(path)
+    assert main(["train", "--resume", "--out", str(copy), "--no-progress"]) == 0  # the checkpoint is what resumes
+    assert f"of {path}" in capsys.readouterr().err  # a note naming the file, no error
+
+
+def test_a_damaged_results_csv_is_named_and_never_overwritten(run, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    written = (out / "results.csv").read_bytes()
+    garbage(out / "results.csv")
+    damaged = (out / "results.csv").read_bytes()
+    assert main(["report", str(run), "--out", str(out)]) == 2
+    line = one_line_error(capsys)
+    assert str(out / "results.csv") in line and "move it away" in line
+    assert (out / "results.csv").read_bytes() == damaged
+    (out / "results.csv").unlink()
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    assert (out / "results.csv").read_bytes() == written
+
+
+def test_a_damaged_config_is_named_by_the_report_and_the_checkpoint_still_serves(copy, capsys):
+    garbage(copy / "config.toml")
+    assert main(["report", str(copy)]) == 2
+    assert str(copy / "config.toml") in one_line_error(capsys)
+    assert main(["eval", str(copy), "--no-progress"]) == 0  # the checkpoint holds the config too
+    assert [r["length"] for r in read_rows(copy / "eval.csv")] == [2, 4]
+
+
+@pytest.mark.parametrize("file, damage", [("state.json", "garbage"), ("state.json", "flip"),
+                                          ("model.safetensors", "flip"), ("optimizer.pt", "flip")])
+def test_a_damaged_checkpoint_file_is_named(copy, capsys, file, damage):
+    path = latest(copy) / file
+    garbage(path) if damage == "garbage" else flip(path, 200)
+    command = ["train", "--resume", "--out", str(copy)] if file == "optimizer.pt" else ["eval", str(copy)]
+    assert main([*command, "--no-progress"]) == 2
+    assert str(path) in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("pointer", ["../../../etc", "/etc", "step_0000006", "garbage"])
+def test_a_latest_pointer_never_leads_outside_its_run(copy, capsys, pointer):
+    path = copy / "checkpoints" / "latest"
+    garbage(path) if pointer == "garbage" else path.write_text(pointer)
+    assert latest(copy) == copy / "checkpoints" / "step_00000006"
+    assert "is damaged; using the newest complete checkpoint, step_00000006" in capsys.readouterr().err
+
+
+def test_a_latest_pointer_through_a_link_reads_only_a_step_name(copy, tmp_path, capsys):
+    outside = tmp_path / "outside"
+    (outside / "step_00000006").mkdir(parents=True)  # a look-alike checkpoint outside the run
+    (copy / "checkpoints" / "latest").unlink()
+    (copy / "checkpoints" / "latest").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_text(str(outside / "step_00000006"))
+    assert latest(copy) == copy / "checkpoints" / "step_00000006"
+
+
+def test_a_pointer_to_a_missing_checkpoint_is_one_line(copy, capsys):
+    (copy / "checkpoints" / "latest").write_text("step_00000099")
+    assert main(["eval", str(copy), "--no-progress"]) == 2
+    assert "step_00000099" in one_line_error(capsys)
+
+
+# -- kills at random points ---------------------------------------------------------------------------
+
+GRID = """
+title = "Faults"
+seeds = 1
+[tasks.parity]
+[arms.nope]
+set = {"model.position" = "nope"}
+[arms.rope]
+set = {"model.position" = "rope"}
+[scales.cpu]
+"""
+PRESET = """
+method = "ntp"
+[task]
+name = "parity"
+train_max = 4
+[model]
+d_model = 16
+n_layer = 1
+n_head = 2
+[train]
+steps = 60
+batch_size = 8
+log_interval = 10
+checkpoint_interval = 10
+device = "cpu"
+[eval]
+lengths = "2,4,8"
+samples = 32
+"""
+
+
+def killed_at_random(argv: list[str], cwd: Path, seconds: float, seed: int) -> float:
+    """Start `lengthgen argv`, SIGKILL its process group at a random point of its first `seconds`."""
+    at = random.Random(seed).uniform(0.1, 0.9) * seconds
+    proc = subprocess.Popen([sys.executable, "-m", "lengthgen", *argv], cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.wait(timeout=at)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return at
+
+
+def rerun(argv: list[str], cwd: Path) -> None:
+    subprocess.run([sys.executable, "-m", "lengthgen", *argv], cwd=cwd, check=True, capture_output=True)
+
+
+def timed(argv: list[str], cwd: Path) -> float:
+    began = time.monotonic()
+    rerun(argv, cwd)
+    return time.monotonic() - began
+
+
+@pytest.fixture
+def toy(tmp_path) -> Path:
+    (tmp_path / "toy" / "cpu").mkdir(parents=True)
+    (tmp_path / "toy" / "grid.toml").write_text(GRID)
+    (tmp_path / "toy" / "cpu" / "parity.toml").write_text(PRESET)
+    return tmp_path
+
+
+def reproduction(out: str, *extra: str) -> list[str]:
+    return ["reproduce", "toy", "--out", out, "--workers", "2", "--threads", "1", "--no-progress", *extra]
+
+
+@pytest.mark.slow
+def test_kills_at_random_points_rerun_to_the_numbers_of_an_undisturbed_run(toy):
+    """SIGKILL at a random point of a reproduction (two workers training), of an evaluation and of
+    a report of its runs; each rerun gives the results of the undisturbed reproduction, none
+    duplicated. (A killed `train` resumes to the same weights: tests/test_train.py.)"""
+    whole = timed(reproduction("whole"), toy)
+    expected = (toy / "whole" / "results.csv").read_text()
+    killed_at_random(reproduction("killed"), toy, whole, seed=0)
+    rerun(reproduction("killed"), toy)
+    assert (toy / "killed" / "results.csv").read_text() == expected
+    run = "killed/runs/parity-rope-s0"
+    evaluation = ["eval", run, "--lengths", "2:12", "--samples", "256", "--no-progress"]
+    killed_at_random(evaluation, toy, timed(evaluation, toy), seed=1)
+    evaluated = (toy / run / "eval.csv").read_text()
+    rerun(evaluation, toy)
+    assert (toy / run / "eval.csv").read_text() == evaluated
+    report = ["report", "whole/runs", "--curves", "--out", "report"]
+    killed_at_random(report, toy, timed(report, toy), seed=2)
+    rerun(report, toy)
+    assert (toy / "report" / "results.csv").read_text() == expected
+
+
+@pytest.mark.slow
+def test_a_reproduction_killed_on_ray_reruns_to_the_numbers_of_the_local_pool(toy):
+    pytest.importorskip("ray")
+    whole = timed(reproduction("whole"), toy)
+    on_ray = reproduction("on-ray", "--backend", "ray")
+    proc = subprocess.Popen([sys.executable, "-m", "lengthgen", *on_ray], cwd=toy, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:  # Ray takes seconds to start: the kill lands once its tasks train (after a first checkpoint)
+        deadline = time.monotonic() + 180
+        while not list((toy / "on-ray" / "runs").glob("*/checkpoints/latest")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no Ray task trained"
+            time.sleep(0.1)
+        time.sleep(random.Random(3).uniform(0, whole / 4))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    rerun(on_ray, toy)
+    assert (toy / "on-ray" / "results.csv").read_text() == (toy / "whole" / "results.csv").read_text()
