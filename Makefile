@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 DEMO   ?= runs/demo
 
-.PHONY: install corpus demo test bench clean
+.PHONY: install corpus demo test test-fast bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,14 @@ demo: install
 	$(BIN)/lengthgen reproduce looped --tasks parity --arms looped,looped-halt-probe,ntp --seeds 1 --workers 3 --out $(DEMO)
 	@echo "demo report: $(DEMO)/report.md (figures beside it)"
 
+# Every test, on every core (one worker per core; a test file's tests share a worker, so its
+# module fixtures are built once). CI runs this.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadscope
+
+# The quick loop while editing: every test but the slow ones (runs that must learn, processes, grids).
+test-fast: install
+	$(BIN)/python -m pytest -q -n auto --dist loadscope -m "not slow"
 
 bench: install
 	$(BIN)/python benchmarks/data_generation.py

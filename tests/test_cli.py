@@ -29,6 +29,7 @@ def test_tasks_lists_every_task(capsys):
     assert len(TASKS) == 13
 
 
+@pytest.mark.slow
 def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "run"
     result = run_cli("train", "experiments/core/copy-ntp.toml", "--set", "model.no_such_key=1", "--out", str(out))

@@ -18,6 +18,7 @@ def test_every_preset_loads(preset):
     assert cfg.task.train_max >= cfg.task.train_min
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("paper", grid.papers(), ids=str)
 def test_every_run_of_every_grid_loads(paper):
     """Every (scale, task, arm, axis values) a grid declares, default or not, is a valid config,

@@ -66,6 +66,7 @@ def toy(folder: Path, grid: str = GRID) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_toy_paper_runs_end_to_end_and_keeps_axis_values_apart(tmp_path):
     paper, out = toy(tmp_path / "toy"), tmp_path / "out"
     report = reproduce(str(paper), out=out, workers=2, progress=False).read_text()

@@ -212,6 +212,7 @@ def train_tiny_parity(folder, method, steps, warmup):
     return task, method, model
 
 
+@pytest.mark.slow
 def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
     """A tiny Parity run: the halting head must fire at T(n) on the training lengths, so the
     rule reads out what the oracle reads out (whether the answer itself is learnt yet is
@@ -226,6 +227,7 @@ def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
         assert float((steps == n).float().mean()) >= 0.9 and float(same) >= 0.9, (n, steps.tolist()[:10], same)
 
 
+@pytest.mark.slow
 def test_looped_clock_learns_to_stop_at_t_n(tmp_path):
     """The clock must read T(n) at the training lengths of a tiny Parity run."""
     from lengthgen.evaluate import eval_batches
@@ -279,6 +281,7 @@ def test_probe_fits_a_separable_signal():
     assert torch.equal(probe(x) > 0, done)
 
 
+@pytest.mark.slow
 def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     """The same seeds with a tight clip (it scales every step): with the probe's parameters in the
     block's clipped norm, its weight decay, or a loss of its own, the weights would differ."""
@@ -299,6 +302,7 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     assert float(probed["halt_head.std"].sub(1).abs().sum()) > 0  # fitted after the last step
 
 
+@pytest.mark.slow
 def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
     """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
     training lengths (whether it does beyond them is docs/results.md's question)."""
@@ -310,6 +314,7 @@ def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
         assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
 
 
+@pytest.mark.slow
 def test_probe_is_fitted_in_the_ema_weights_too(tmp_path):
     from safetensors.torch import load_file
     from lengthgen.train import train

@@ -150,6 +150,7 @@ def lm_overrides(folder, *extra):
             "eval.lengths=16,64", "eval.samples=600", "eval.batch_size=4", *extra]
 
 
+@pytest.mark.slow
 def test_a_tiny_language_model_learns_and_is_evaluated_and_reported(docs, tmp_path):
     folder, texts = docs
     cfg = presets.load("experiments/lm/cpu/text.toml", lm_overrides(folder))

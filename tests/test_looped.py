@@ -146,6 +146,7 @@ def _train_and_score(tmp_path: Path, overrides: list[str], lengths) -> list[floa
     return [accuracy_at(task, method, model, n, 256, 256, 7, torch.device("cpu"))[0] for n in lengths]
 
 
+@pytest.mark.slow
 def test_looped_learns_parity(tmp_path):
     acc = _train_and_score(tmp_path, [
         "method=looped", "task.name=parity", "task.train_max=8", "model.n_layer=1", "model.d_model=64",

@@ -71,6 +71,7 @@ def test_what_ppc_needs_of_a_config(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_learns_the_next_ids(tmp_path):
     """The IDs of the next digit follow a rule; 400 steps must learn them on held-out
     samples at a trained length (chance: 1 in 16; 1.000 on four seeds tried)."""

@@ -107,6 +107,7 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
         plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precison=bf16"])
 
 
+@pytest.mark.slow
 def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     out = tmp_path / "out"
     betas = "train.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
@@ -276,6 +277,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):

@@ -144,6 +144,7 @@ def test_accuracy_against_an_option_is_read_at_the_longest_length(tmp_path, monk
         plot_vs_option(aggregate(rows), tmp_path / "k.png", "k", length=5)
 
 
+@pytest.mark.slow
 def test_an_unknown_position_option_exits_2_naming_the_key(tmp_path):
     out = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "lengthgen", "train", "experiments/core/copy-ntp.toml",

@@ -108,6 +108,7 @@ def test_report_still_averages_seeds_of_one_config(tmp_path):
     assert "0.300 ± 0.100 (2)" in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_report_and_reproduce_do_not_overwrite_files_they_did_not_write(tmp_path, capsys):
     write_run(tmp_path / "a", 0, 0.2)
     out = tmp_path / "project"

@@ -10,6 +10,7 @@ import pytest
 
 from lengthgen.cli import main
 
+pytestmark = pytest.mark.slow  # every test runs a script in a process of its own on trained runs
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TINY = ["--set=model.d_model=16", "--set=model.n_layer=1", "--set=model.n_head=2", "--set=train.batch_size=8",
         "--set=train.steps=10", "--set=train.device=cpu", "--no-progress"]

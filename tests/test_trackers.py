@@ -81,6 +81,7 @@ class Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_tensorboard_and_offline_wandb_hold_every_line_and_continue_on_resume(tmp_path, monkeypatch, offline_wandb):
     folder = tmp_path / "run"
     cfg = tiny('train.log_to=["jsonl", "tensorboard", "wandb"]')

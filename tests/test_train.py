@@ -27,6 +27,7 @@ def tiny(*extra: str):
     return presets.load(None, TINY + list(extra))
 
 
+@pytest.mark.slow
 def test_tiny_run_learns_copy(tmp_path):
     """A small RoPE decoder must copy perfectly at its training lengths."""
     cfg = presets.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
@@ -147,6 +148,7 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "lengthgen", *args]
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
     """Kill a run after its first checkpoints, resume it: same final step, same weights."""
     sets = [f"--set={s}" for s in TINY + ["train.steps=300", "train.checkpoint_interval=25", "train.threads=1"]]

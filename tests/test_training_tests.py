@@ -64,6 +64,7 @@ def test_a_run_that_tests_trains_the_same_weights(tested, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_tests_follow_learning(tmp_path):
     """The tests measure the model as it learns: the first one, early in training, is below the last."""
     rows = run(tmp_path / "r", "train.test_interval=15", "train.steps=300", "train.checkpoint_interval=300",
@@ -85,6 +86,7 @@ def test_test_offset_moves_the_tests_as_the_released_code(tmp_path):
     assert [r["step"] for r in rows if "test@max" in r] == [1, 41, 81, 120]
 
 
+@pytest.mark.slow
 def test_test_options_set_the_tested_samples_task(tmp_path):
     """Multiplication tested with the short factor fixed at 2 bits, as the released tests: the
     last test equals the evaluator on that task option, not on the training one."""

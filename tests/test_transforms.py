@@ -143,6 +143,7 @@ def test_pose_and_random_offset_evaluate_on_the_task_ids(transform):
     assert moved.position_ids is plain.position_ids is None  # 0..L-1, as the model reads them
 
 
+@pytest.mark.slow
 def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_path):
     """Ruoss et al.'s evaluation: random sorted IDs at test time too. On 0..L-1, which the model
     never saw in training, it fails its own training lengths."""
