@@ -224,6 +224,10 @@ class Packed:
             else:
                 self.runs.append((1, w))
 
+    # Run eagerly inside a compiled block (train.compile): the runs are Python integers that change
+    # with every batch's widths, and a traced pad would be recompiled for each layout (8 graphs in
+    # 8 steps of a tiny looped Parity run, then torch gives up); outside the graph they cost nothing.
+    @torch.compiler.disable
     def pad(self, x: Tensor) -> Tensor:
         """(capacity or tokens, C) tokens -> (k, W, C) rows, zeros past each row's end."""
         C, W = x.shape[-1], self.width
@@ -231,6 +235,7 @@ class Packed:
         parts = [F.pad(run.view(rows, w, C), (0, 0, 0, W - w)) for run, (rows, w) in zip(runs, self.runs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    @torch.compiler.disable
     def unpad(self, y: Tensor) -> Tensor:
         """(k, W, C) rows -> (capacity, C) tokens, zeros after the last real one."""
         C = y.shape[-1]
@@ -252,6 +257,7 @@ class KVCache:
         self.layers: dict[int, tuple[Tensor, Tensor]] = {}
         self.length = 0  # tokens cached (the model advances it after each pass)
 
+    @torch.compiler.disable  # its growing length would be a new graph per decoded token
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append k, v (B, H, T, Dh) to the layer's cache; return all of its keys and values."""
         if layer in self.layers:

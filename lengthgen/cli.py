@@ -92,7 +92,8 @@ def cmd_eval(args) -> None:
             sweep[key] = values if isinstance(values, list) else [values]
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
                         args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep,
-                        out=Path(args.out) if args.out else None, position_draws=args.position_draws)
+                        out=Path(args.out) if args.out else None, position_draws=args.position_draws,
+                        compile=True if args.compile else None)
     swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0]["task"], rows[0]["method"])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
     for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
@@ -185,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--position-draws", type=int, default=None,
                    help="runs trained with randomized position IDs: read each test sample under N draws of "
                         "its IDs and average (default: the run's eval.position_draws)")
+    e.add_argument("--compile", action="store_true", help="torch.compile each block (as eval.compile; "
+                   "pays on long evaluations, docs/benchmarks.md)")
     e.add_argument("--out", help="write eval.csv (with a copy of the run's config.toml) into this folder "
                    "instead of the run's, e.g. for a run on a shared filesystem one cannot write")
     e.add_argument("--no-progress", action="store_true")

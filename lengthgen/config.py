@@ -89,6 +89,9 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # torch CPU threads, 0..1024; 0 = torch's default
     precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
+    # torch.compile each block (inductor, dynamic shapes; CUDA graphs on CUDA), not for TRA and CoPE, which run
+    # eagerly with a note (lengthgen.compiling); the same weights and losses as eager, to float rounding
+    compile: bool = False
     log_interval: int = 50  # steps between metric lines in metrics.jsonl
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
     # exact match during training, into metrics.jsonl (test@max at the curriculum's current maximum,
@@ -120,6 +123,7 @@ class EvalConfig:
     # a position transform that draws IDs at evaluation too (randomized): each test sample is read under
     # this many independent draws (from the evaluation seed) and every metric averaged over them
     position_draws: int = 1
+    compile: bool = False  # torch.compile each block for evaluation, as train.compile (lengthgen.compiling)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import checkpoint
+from .compiling import compile_blocks, compile_failed, fall_back
 from .config import Config
 from .presets import from_dict
 from .run_folders import check_eval_out, check_writable
@@ -222,13 +223,14 @@ def sweep_variants(sweep: dict) -> list[dict]:
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
                  seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
                  progress: bool = True, sweep: dict | None = None, out: Path | None = None,
-                 position_draws: int | None = None) -> list[dict]:
+                 position_draws: int | None = None, compile: bool | None = None) -> list[dict]:
     """Evaluate a run at `lengths` under each stop rule in `stops` (methods with stop rules;
     default oracle), for every combination of the task options in `sweep` (default the
     run's eval.sweep); write RUN/eval.csv (and RUN/per_step.csv with per_step), or into `out`
     (with a copy of the run's config.toml, which the report reads) for a run one cannot write.
     A position transform that draws IDs at evaluation reads each sample under `position_draws`
-    draws (default the run's eval.position_draws)."""
+    draws (default the run's eval.position_draws). `compile`: torch.compile the blocks (default
+    the run's eval.compile; lengthgen.compiling)."""
     folder = Path(folder)
     lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     cfg, task, method, model, step = load_run(folder)
@@ -274,6 +276,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
                         f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
     rows, steps_rows, position_rows = [], [], []
+    compiled = (cfg.eval.compile if compile is None else compile) and compile_blocks(model, device, "eval.compile")
     cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
@@ -288,8 +291,16 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
                                       for p, v in enumerate(losses)]
                     curve = []
                 else:
-                    results, curve = rules_at(variant, method, model, length, samples, batch_size, seed, device,
-                                              stops, per_step, transform, draws)
+                    measure = lambda: rules_at(variant, method, model, length, samples, batch_size, seed,  # noqa: E731
+                                               device, stops, per_step, transform, draws)
+                    try:
+                        results, curve = measure()
+                    except Exception as err:  # a block that fails to compile is evaluated eagerly
+                        if not (compiled and compile_failed(err)):
+                            raise
+                        fall_back(model, err, "eval.compile")
+                        compiled = False
+                        results, curve = measure()
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
         except (MemoryError, RuntimeError) as err:

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import checkpoint, trackers
+from .compiling import compilations, compile_blocks, compile_failed, fall_back
 from .config import Config, to_dict, to_toml
 from .devices import autocast, check_precision, pick_device
 from .distributed import Ranks, no_sync, shard_seed
@@ -225,6 +226,8 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         checkpoint.save(folder, step, model, optimizer, ema, state)
 
     model.train()
+    compiled = tr.compile and compile_blocks(model, device)  # in place: the EMA and checkpoints see no change
+    graphs_before = compilations()  # the process may have compiled before (tests, scripts)
     loss_of, shards = ranks.wrap(method, model), ranks.shards(tr.data_shards)
     sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), step)
     bar = tqdm(total=tr.steps, initial=step, disable=not progress or not ranks.main, dynamic_ncols=True,
@@ -244,7 +247,15 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 optimizer.zero_grad(set_to_none=True)
-                loss = backward(loss_of, batches, cfg, step, shards, device)
+                try:
+                    loss = backward(loss_of, batches, cfg, step, shards, device)
+                except Exception as err:  # a block that fails to compile runs eagerly from here on
+                    if not (compiled and compile_failed(err)):
+                        raise
+                    fall_back(model, err)
+                    compiled = False
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = backward(loss_of, batches, cfg, step, shards, device)
                 if tr.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
                 optimizer.step()
@@ -277,6 +288,8 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
                     elapsed = time.perf_counter() - window_start
                     row = {"step": step, "loss": float(losses) / (window_steps * ranks.world), "lr": lr, "max_length": high,
                            "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
+                    if compiled:  # graphs compiled so far: a number that keeps growing means recompiling
+                        row["compiled_graphs"] = compilations() - graphs_before
                     if tested and ranks.main:  # its seconds are not training time
                         began = time.perf_counter()
                         tested_weights = ema if ema is not None and step >= tr.ema_start else model

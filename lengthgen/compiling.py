@@ -1,0 +1,71 @@
+"""torch.compile for training and evaluation (train.compile, eval.compile): each block compiled
+on its own, with dynamic shapes, by the inductor backend.
+
+Why the blocks and not the whole step: the looped model runs its block T(n) times on packed rows
+whose count changes every iteration, and a curriculum changes the length every few hundred steps.
+A block compiled with dynamic shapes is one graph for all of them (the looped Parity CPU preset
+made 4 graphs in 20 steps over lengths 1..12, forward and backward), where a compiled step would
+be a new graph for every T(n) and every batch's lengths. `nn.Module.compile` compiles a module in
+place, so parameter names, checkpoints and the EMA copy are those of the eager model.
+
+On CUDA the blocks are compiled in "reduce-overhead" mode, which replays each shape's kernels as
+one CUDA graph (the looped paper's GPU grid is bound by kernel launches: docs/cluster.md); on CPU
+in the default mode. Not compiled: the schemes that compute attention themselves (TRA, CoPE):
+their queries run in Python-level chunks sized by the sequence length, so every length is a new
+graph (8 recompilations in 20 steps of copy, then torch stops compiling them); they run eagerly,
+with a note. Whether compiling pays depends on how many steps share the compile time:
+benchmarks/compile.py measures it, docs/benchmarks.md has the numbers and each preset says.
+
+A compilation that fails (a missing C++ compiler, an operator inductor cannot lower) puts the
+blocks back to eager with a one-line note, and training or evaluation goes on.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+
+def compilable(model: nn.Module) -> str | None:
+    """Why the model's blocks cannot be compiled, or None."""
+    if getattr(model.scheme, "has_content", False):
+        return (f"model.position = {model.cfg.position!r} computes attention in query chunks sized by the "
+                "sequence length, a new graph at every length")
+    return None
+
+
+def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.compile") -> bool:
+    """Compile each block of `model` in place; False, with a note, where it cannot be."""
+    reason = compilable(model)
+    if reason:
+        print(f"lengthgen: note: {what} is off for this run: {reason}", file=sys.stderr)
+        return False
+    mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs where the device has them
+    for block in model.blocks:
+        block.compile(dynamic=True, mode=mode)
+    return True
+
+
+def uncompile(model: nn.Module) -> None:
+    """Back to the eager blocks (nn.Module.compile keeps the compiled call beside the module)."""
+    for block in model.blocks:
+        block._compiled_call_impl = None
+
+
+def compile_failed(err: BaseException) -> bool:
+    """An error raised by dynamo or inductor while compiling, not by the model's own code."""
+    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
+def fall_back(model: nn.Module, err: BaseException, what: str = "train.compile") -> None:
+    uncompile(model)
+    torch._dynamo.reset()
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+    print(f"lengthgen: note: {what}: compiling failed ({type(err).__name__}: {first}); "
+          "running eagerly", file=sys.stderr)
+
+
+def compilations() -> int:
+    """Graphs compiled so far in this process (every recompilation for a new shape counts)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])

@@ -1,0 +1,80 @@
+"""train.compile and eval.compile: compiled blocks train and evaluate as the eager ones do (losses
+within 1e-4 relative over the first steps, equal accuracy on a fixed test set) for the looped,
+next-token and PPC paths; TRA runs eagerly with a note; a compilation that fails
+falls back to eager with a note and the run goes on."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lengthgen import compiling, presets
+from lengthgen.evaluate import evaluate_run
+from lengthgen.train import train
+
+pytestmark = pytest.mark.slow  # each compilation takes seconds
+
+TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "train.steps=8",
+        "train.log_interval=1", "train.checkpoint_interval=100", "train.device=cpu", "train.lr=3e-3",
+        "eval.samples=32"]
+PATHS = {
+    "looped": ["method=looped", "task.name=parity", "task.train_max=4", "eval.lengths=2,4"],
+    "ntp": ["task.name=copy", "task.train_max=4", "eval.lengths=2,4"],
+    "ppc": ["method=ppc", "task.name=unique_set", "task.options={symbols=8, coupled=true}", "task.train_max=4",
+            "model.position=learned", "model.max_positions=24", "train.position_transform=random_offset",
+            "train.position_transform_options={max_position=16, keep_zero=true}", "eval.lengths=2,4"],
+}
+
+
+def run(folder, *sets: str) -> tuple[list[dict], list[dict]]:
+    """(metrics rows, eval rows) of a trained and evaluated tiny run."""
+    train(presets.load(None, TINY + list(sets)), folder, progress=False)
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return rows, evaluate_run(folder, [2, 4], 32, progress=False)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compiled_blocks_train_and_evaluate_as_eager_ones(tmp_path, path):
+    torch._dynamo.reset()
+    eager, eager_rows = run(tmp_path / "eager", *PATHS[path])
+    compiled, compiled_rows = run(tmp_path / "compiled", *PATHS[path], "train.compile=true", "eval.compile=true")
+    for a, b in zip(eager, compiled):
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
+    graphs = [row["compiled_graphs"] for row in compiled]
+    assert 1 <= graphs[0] and graphs[-1] <= 8  # one graph per block and shape family, not one per step
+    assert "compiled_graphs" not in eager[0]
+    assert [r["accuracy"] for r in eager_rows] == [r["accuracy"] for r in compiled_rows]
+    assert (tmp_path / "compiled" / "checkpoints" / "step_00000008" / "model.safetensors").is_file()
+
+
+def test_tra_runs_eagerly_with_a_note(tmp_path, capsys):
+    sets = ["task.name=copy", "task.train_max=4", "model.position=tra", "eval.lengths=2,4"]
+    eager, _ = run(tmp_path / "eager", *sets)
+    compiled, _ = run(tmp_path / "compiled", *sets, "train.compile=true")
+    assert "train.compile is off for this run" in capsys.readouterr().err
+    assert [r["loss"] for r in eager] == [r["loss"] for r in compiled]  # the very same eager computation
+    assert "compiled_graphs" not in compiled[0]
+
+
+def test_a_failed_compilation_falls_back_to_eager_with_a_note(tmp_path, capsys, monkeypatch):
+    def failing(graph, example_inputs):
+        raise RuntimeError("no C++ compiler here")
+
+    real = compiling.compile_blocks
+
+    def with_failing_backend(model, device, what="train.compile"):
+        for block in model.blocks:
+            block.compile(backend=failing)
+        return True
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "compile_blocks", with_failing_backend)
+    monkeypatch.setattr("lengthgen.train.compile_blocks", with_failing_backend)
+    sets = PATHS["ntp"]
+    compiled, _ = run(tmp_path / "compiled", *sets, "train.compile=true")
+    err = capsys.readouterr().err
+    assert "train.compile: compiling failed (BackendCompilerFailed" in err and "running eagerly" in err
+    monkeypatch.setattr("lengthgen.train.compile_blocks", real)
+    eager, _ = run(tmp_path / "eager", *sets)
+    assert [r["loss"] for r in eager] == pytest.approx([r["loss"] for r in compiled], rel=1e-6)
