@@ -9,7 +9,8 @@ The scored positions run from the '=' token to the end of the answer. Tasks
 whose answer length varies (binary_sum, unique_set) end it with one scored
 EOS; where the question fixes the answer length (parity, copy, addition,
 multiplication) there is no EOS, so no method is judged on guessing where an
-answer of known length ends. Example (copy, n = 3):
+answer of known length ends (the decimal tasks' `eos` option adds one, as Cho
+et al. train, and `bos` a BOS before the question). Example (copy, n = 3):
 
     position   0    1    2    3    4    5
     inputs     0    1    1    =    0    1
