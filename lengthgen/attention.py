@@ -287,6 +287,9 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias and cfg.qkv_bias)  # q, k, v in one matmul
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.resid_drop = nn.Dropout(cfg.dropout)
+        # T5's logits are q . k, unscaled (model.attn_scale = false): every path below divides by
+        # sqrt(Dh), so q is multiplied by it first, the same logits in every path
+        self.q_factor = 1.0 if cfg.attn_scale else (cfg.d_model // cfg.n_head) ** 0.5
 
     def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
                 packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
@@ -304,6 +307,8 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         v = v.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
         q, k = scheme.rotate(q, k, position_ids)
+        if self.q_factor != 1.0:
+            q = q * self.q_factor
         dropout = self.dropout if self.training else NO_DROPOUT
         p = dropout.p if dropout.on == "weights" else 0.0  # what SDPA's dropout_p may take
 

@@ -21,7 +21,7 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 
-INITS = ("gpt2", "torch", "looped-tf", "tra")  # model.init choices, see ModelConfig
+INITS = ("gpt2", "torch", "looped-tf", "tra", "t5")  # model.init choices, see ModelConfig
 
 
 @dataclass
@@ -44,10 +44,15 @@ class ModelConfig:
     position_options: dict = field(default_factory=dict)  # the scheme's own settings, e.g. {theta = 500000.0} for rope
     max_positions: int = 2048  # table size of learned / sinusoidal positions
     norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out
-    mlp: str = "gelu"  # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new) or swiglu
+    # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new), swiglu, or gated-gelu (T5's: gelu_new gate units times
+    # linear units)
+    mlp: str = "gelu"
     bias: bool = True  # biases in the blocks' linear layers (q/k/v, attention output, MLP)
     qkv_bias: bool = True  # with bias: in the q/k/v projections too (false: the TRA notebook's bias-free q, k, v)
-    residual: str = "pre-norm"  # pre-norm (x + f(norm(x))) or norm-before-add (x = norm(x); x + f(x))
+    # pre-norm (x + f(norm(x))), norm-before-add (x = norm(x); x + f(x)) or pre-and-post-norm
+    # (x = norm'(x + f(norm(x))), Cho et al.'s T5 block: a norm before each sublayer and one after its residual add)
+    residual: str = "pre-norm"
+    attn_scale: bool = True  # divide q . k by sqrt(head width); false: T5's unscaled logits (its init shrinks q)
     dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
     attn_dropout: float = 0.0  # attention dropout, on what attn_dropout_on says
     # weights (after the softmax, GPT-2's and the TRA paper's words) or logits (before the mask and the softmax:
@@ -56,12 +61,15 @@ class ModelConfig:
     embed_dropout: float = 0.0  # dropout on the embedding alone, for blocks without model.dropout (the TRA notebook)
     mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (after the activation)
     # weight init: gpt2 (normal 0.02, scaled residual projections), torch (torch's module defaults), looped-tf
-    # (the looped-tf release: gpt2 in the blocks, torch's defaults for the read-in and read-out) or tra (the TRA
+    # (the looped-tf release: gpt2 in the blocks, torch's defaults for the read-in and read-out), tra (the TRA
     # notebook: torch's defaults in the blocks, embedding uniform in +-0.01 with the PAD row 0, read-out normal 0.02)
+    # or t5 (Mesh TensorFlow's, as Cho et al.'s T5: the token table N(0, 1), each linear N(0, fan_in^-1/2), q also
+    # divided by sqrt(head width) for unscaled attention; a learned position table keeps its own `std` option)
     init: str = "gpt2"
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix
     embed_bias: bool = False  # a learned vector added to every token's embedding (a linear read-in of one-hot tokens)
     head_bias: bool = False  # a bias in the read-out (lm_head)
+    scaled_head: bool = False  # the final hidden state times d_model^-1/2 before the read-out (T5's tied read-out)
 
 
 @dataclass
@@ -82,6 +90,9 @@ class TrainConfig:
     curriculum_interval: int = 500  # steps between +1 increments of the maximum length
     cosine_start: int = 0  # curriculum_cosine: the step the cosine decay starts; 0 = when the curriculum ends
     length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
+    # 0: fresh samples every step; N: a fixed set of N samples drawn once from data_seed, each read once per
+    # epoch in a fresh order (Cho et al.'s training sets; lengthgen.finite_set)
+    dataset_size: int = 0
     ema: float = 0.0  # decay of an EMA of the weights used for evaluation; 0 = off
     ema_start: int = 0  # the EMA starts as a copy of the weights after this step, then follows them
     model_seed: int = 0  # seeds weight initialisation
@@ -143,8 +154,8 @@ LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "gelu-tanh", "swiglu")
-RESIDUALS = ("pre-norm", "norm-before-add")
+MLPS = ("gelu", "gelu-tanh", "swiglu", "gated-gelu")
+RESIDUALS = ("pre-norm", "norm-before-add", "pre-and-post-norm")
 ATTENTION_DROPOUT_ON = ("weights", "logits")
 # keys of earlier versions: where they went (a saved run folder written by them still loads)
 MOVED = {"model.rope_theta": "model.position_options.theta"}
@@ -154,6 +165,7 @@ MAX_SEED = 2**63  # seeds are 0 <= seed < MAX_SEED (torch takes 64-bit seeds)
 MAX_EVAL_SEED = 2**40
 MAX_LENGTH = 100_000  # longest problem length, trained or tested
 MAX_LENGTHS = 10_000  # most test lengths in one eval.lengths
+MAX_DATASET = 100_000_000  # train.dataset_size: far above the 10^5-10^6 samples of Cho et al.'s sets
 
 
 def _hint(key: str, options) -> str:

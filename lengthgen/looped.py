@@ -73,7 +73,7 @@ class LoopedTransformer(Transformer):
         return self.ln_f(self.run_blocks(h + e if self.injection else h, pos, packed))
 
     def read(self, h: Tensor) -> Tensor:
-        return self.lm_head(h)  # (B, L, V); h is already normalised by the loop
+        return self.read_out(h)  # (B, L, V); h is already normalised by the loop
 
     def iterate(self, inputs: Tensor, position_ids: Tensor | None, n_steps: int):
         """Yield the logits (B, L, V) after iterations 1..n_steps."""

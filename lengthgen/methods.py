@@ -264,13 +264,13 @@ class PredictivePositionCoupling(Method):
         return model.ln_f(model.run_blocks(model.embed(batch.inputs, ids), ids))
 
     def logits(self, model, batch):  # the token logits of a teacher-forced pass
-        return model.lm_head(self.hidden(model, batch))
+        return model.read_out(self.hidden(model, batch))
 
     def loss(self, model, batch):
         if batch.target_ids is None:
             raise ValueError("ppc needs a task that supplies coupled position IDs (e.g. task.options.coupled = true)")
         h = self.hidden(model, batch)
-        tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+        tokens = F.cross_entropy(model.read_out(h).flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
         ids = F.cross_entropy(model.id_head(h).flatten(0, 1).float(), batch.target_ids.flatten(), ignore_index=IGNORE)
         return tokens + model.id_loss_weight * ids
 

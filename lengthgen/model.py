@@ -1,13 +1,17 @@
 """GPT-2 style transformer, nanoGPT-sized, with the block variants as config.
 
 Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | gelu-tanh
-| swiglu (hidden width mlp_ratio * d_model, for both the linear and the gate
-units of SwiGLU); `bias` in the blocks' linear layers (`qkv_bias` false keeps
-q, k, v bias-free); `residual` pre-norm (x + f(norm(x)), GPT-2) |
-norm-before-add (x = norm(x); x + f(x), the TRA notebook's block); `dropout` on
+| swiglu | gated-gelu (hidden width mlp_ratio * d_model, for both the linear
+and the gate units of the gated ones); `bias` in the blocks' linear layers
+(`qkv_bias` false keeps q, k, v bias-free); `residual` pre-norm (x + f(norm(x)),
+GPT-2) | norm-before-add (x = norm(x); x + f(x), the TRA notebook's block) |
+pre-and-post-norm (x = norm'(x + f(norm(x))), Cho et al.'s T5 block);
+`attn_scale` false drops the 1/sqrt(head width) of the logits (T5); `dropout` on
 the residual stream (embedding included), `embed_dropout` on the embedding
 alone, `attn_dropout` on the attention weights or logits (`attn_dropout_on`)
-and `mlp_dropout` on the MLP's hidden units. The defaults are GPT-2's block.
+and `mlp_dropout` on the MLP's hidden units; `scaled_head` multiplies the final
+hidden state by d_model^-1/2 before the read-out (T5's tied read-out). The
+defaults are GPT-2's block.
 
 The forward pass is split into `embed`, `run_blocks` and `head` because the
 looped model reuses them: it embeds once, applies the blocks T times with
@@ -51,8 +55,9 @@ class MLP(nn.Module):
         return self.drop(self.c_proj(self.hidden_drop(self.gelu(self.c_fc(x)))))  # (B, T, D)
 
 
-class SwiGLU(nn.Module):
-    """Shazeer 2020: c_proj(silu(c_gate(x)) * c_fc(x)), hidden width mlp_ratio * d_model."""
+class GatedMLP(nn.Module):
+    """c_proj(act(c_gate(x)) * c_fc(x)), hidden width mlp_ratio * d_model. swiglu (Shazeer 2020):
+    act = silu; gated-gelu (T5's, as Cho et al. use it): act = gelu_new, the tanh approximation."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -60,33 +65,42 @@ class SwiGLU(nn.Module):
         self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # linear units
         self.c_gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # gate units
         self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.act = nn.SiLU() if cfg.mlp == "swiglu" else nn.GELU(approximate="tanh")
         self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.c_proj(self.hidden_drop(F.silu(self.c_gate(x)) * self.c_fc(x))))  # (B, T, D)
+        return self.drop(self.c_proj(self.hidden_drop(self.act(self.c_gate(x)) * self.c_fc(x))))  # (B, T, D)
 
 
-MLPS = {"gelu": MLP, "gelu-tanh": MLP, "swiglu": SwiGLU}
+MLPS = {"gelu": MLP, "gelu-tanh": MLP, "swiglu": GatedMLP, "gated-gelu": GatedMLP}
 
 
 class Block(nn.Module):
     """pre-norm: x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
-    norm-before-add: x = ln1(x); x = x + attn(x); x = ln2(x); x = x + mlp(x)."""
+    norm-before-add: x = ln1(x); x = x + attn(x); x = ln2(x); x = x + mlp(x).
+    pre-and-post-norm: x = ln1_post(x + attn(ln1(x))); x = ln2_post(x + mlp(ln2(x))), the
+    residual stream itself normed after each add (Cho et al.'s T5 layers, layer_norm_position
+    "pre_post"); the post norms exist only in this block, so other blocks' weights are unchanged."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.pre_norm = cfg.residual == "pre-norm"
+        self.residual = cfg.residual
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = make_norm(cfg)
         self.mlp = MLPS[cfg.mlp](cfg)
+        if cfg.residual == "pre-and-post-norm":
+            self.ln_1_post, self.ln_2_post = make_norm(cfg), make_norm(cfg)
 
     def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
                 packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
-        if self.pre_norm:
+        if self.residual == "pre-norm":
             x = x + self.attn(self.ln_1(x), scheme, position_ids, packed, cache)
             return x + self.mlp(self.ln_2(x))
+        if self.residual == "pre-and-post-norm":
+            x = self.ln_1_post(x + self.attn(self.ln_1(x), scheme, position_ids, packed, cache))
+            return self.ln_2_post(x + self.mlp(self.ln_2(x)))
         x = self.ln_1(x)
         x = x + self.attn(x, scheme, position_ids, packed, cache)
         x = self.ln_2(x)
@@ -121,6 +135,8 @@ class Transformer(nn.Module):
             self._init_looped_tf()
         elif cfg.init == "tra":
             self._init_tra()
+        elif cfg.init == "t5":
+            self._init_t5()
         # init "torch" keeps torch's module defaults: kaiming-uniform linears and a
         # N(0, 1) embedding. The looped CPU presets use it: the looped state is
         # LayerNorm-ed every iteration (entries ~1), and GPT-2's 0.02 embedding
@@ -166,6 +182,31 @@ class Transformer(nn.Module):
         if self.lm_head.bias is not None:
             nn.init.zeros_(self.lm_head.bias)
 
+    def _init_t5(self) -> None:
+        """Mesh TensorFlow's init, as Cho et al.'s custom T5 (HF T5PreTrainedModel._init_weights):
+        the token table (the read-out when tied) N(0, 1); each linear layer N(0, fan_in^-1/2), the
+        query rows also divided by sqrt(head width), which stands in for the 1/sqrt(head width)
+        that T5's logits lack (model.attn_scale = false); an untied read-out N(0, 1), as T5's;
+        biases 0, norm weights 1. The scheme keeps its own init (a learned table: its `std`
+        option, 1.0 for T5's N(0, 1))."""
+        heads_width = self.cfg.d_model // self.cfg.n_head
+        for name, module in self.named_modules():
+            if name.startswith("scheme"):
+                continue
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=1.0)
+            elif isinstance(module, nn.Linear) and module is not self.lm_head:
+                nn.init.normal_(module.weight, mean=0.0, std=module.in_features ** -0.5)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            with torch.no_grad():
+                block.attn.c_attn.weight[:self.cfg.d_model].mul_(heads_width ** -0.5)  # q's rows
+        if self.lm_head.weight is not self.wte.weight:
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=1.0)
+        if self.lm_head.bias is not None:
+            nn.init.zeros_(self.lm_head.bias)
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -208,7 +249,12 @@ class Transformer(nn.Module):
 
     def head(self, h: Tensor) -> Tensor:
         """(B, T, D) -> logits (B, T, V)."""
-        return self.lm_head(self.ln_f(h))
+        return self.read_out(self.ln_f(h))
+
+    def read_out(self, h: Tensor) -> Tensor:
+        """Normed states (B, T, D) -> logits (B, T, V): lm_head, after T5's d_model^-1/2 with
+        scaled_head (its tied N(0, 1) read-out would give logits of size ~sqrt(D) on normed states)."""
+        return self.lm_head(h * self.cfg.d_model ** -0.5 if self.cfg.scaled_head else h)
 
     def forward(self, inputs: Tensor, position_ids: Tensor | None = None) -> Tensor:
         position_ids = self.position_ids_for(inputs, position_ids)

@@ -90,12 +90,16 @@ class PositionalScheme(nn.Module):
 
 
 class LearnedPositions(PositionalScheme):
-    """GPT-2 learned absolute positions: a (max_positions, D) table added to x."""
+    """GPT-2 learned absolute positions: a (max_positions, D) table added to x, drawn from
+    N(0, std^2): GPT-2's 0.02 by default; 1.0 is T5's, as Cho et al.'s coupling draws it (a row
+    then as large as a token's N(0, 1) embedding under init torch or t5, not 50x smaller)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, std: float = 0.02):
         super().__init__(cfg)
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std < 1e3:
+            raise ValueError(f"learned: std must be a number in (0, 1000), got {std!r}")
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
-        nn.init.normal_(self.wpe.weight, mean=0.0, std=0.02)  # GPT-2 init; the scheme owns it
+        nn.init.normal_(self.wpe.weight, mean=0.0, std=float(std))  # the scheme owns its init
 
     def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
         _check_table(position_ids, self.max_positions, "learned position")

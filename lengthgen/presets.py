@@ -13,7 +13,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_EVAL_SEED,
+from .config import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED,
                      MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS,
                      Config, _hint, from_data, parse_lengths, read)
 from .errors import ConfigError
@@ -103,6 +103,9 @@ def validate(cfg: Config) -> Config:
                          ("attn_dropout_on", ATTENTION_DROPOUT_ON)):
         value = getattr(m, key)
         check(value in choices, f"model.{key} {value!r} is unknown{_hint(value, choices)}; choose from {', '.join(choices)}")
+    check(m.attn_scale or not SCHEMES[m.position].has_content,
+          f"model.attn_scale = false drops the 1/sqrt(head width) of dot-product logits; model.position "
+          f"{m.position} computes its own attention (set model.attn_scale = true)")
     for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):
         check(getattr(tr, key) >= 1, f"train.{key} must be >= 1, got {getattr(tr, key)}")
     check(tr.lr > 0, f"train.lr must be > 0, got {tr.lr}")
@@ -123,6 +126,7 @@ def validate(cfg: Config) -> Config:
     check(tr.cosine_start >= 0, f"train.cosine_start must be >= 0, got {tr.cosine_start}")
     check(tr.cosine_start == 0 or tr.schedule == "curriculum_cosine",
           f"train.cosine_start applies to schedule curriculum_cosine, not {tr.schedule!r}")
+    check_finite_set(cfg)
     check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
     check(0 <= tr.ema_start < max(tr.steps, 1), f"train.ema_start must be in 0..train.steps - 1 ({tr.steps - 1}), got {tr.ema_start}")
@@ -159,6 +163,9 @@ def validate(cfg: Config) -> Config:
     if getattr(task, "language_model", False):  # the corpus is there and tokenized before any folder is made
         built("task.options", task.corpus.ensure)
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
+    check(not (task.draws_own_lengths and tr.length_sampling == "per_batch"),
+          f"task.options of {t.name} draw each sample's lengths by the task's own law; train.length_sampling "
+          "per_batch would bypass it (set train.length_sampling=per_sample)")
     shortest = min(parse_lengths(ev.lengths))
     check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
     shortest = min(parse_lengths(tr.test_lengths)) if tr.test_lengths else task.min_length
@@ -203,6 +210,24 @@ def validate(cfg: Config) -> Config:
                   f"model.max_positions ({m.max_positions}) is too small for train.position_transform {name}, which "
                   f"trains position IDs up to {largest}; set it to at least {largest + 1}")
     return cfg
+
+
+def check_finite_set(cfg: Config) -> None:
+    """train.dataset_size: 0 (fresh samples) or a set drawn once over the whole training range,
+    read by one stream (lengthgen.finite_set)."""
+    tr = cfg.train
+    check(0 <= tr.dataset_size <= MAX_DATASET, f"train.dataset_size must be in 0..{MAX_DATASET} (0 = fresh samples "
+                                               f"every step), got {tr.dataset_size}")
+    if not tr.dataset_size:
+        return
+    check(tr.curriculum_start == 0, "train.dataset_size fixes the training set over task.train_min..train_max once; "
+                                    "it cannot follow a curriculum (set train.curriculum_start=0)")
+    check(tr.length_sampling == "per_sample", "train.dataset_size draws lengths per sample, as the task's law gives "
+                                              "them; set train.length_sampling=per_sample")
+    check(tr.data_shards == 1, f"train.dataset_size is read as one stream; set train.data_shards=1 "
+                               f"(now {tr.data_shards})")
+    check(not getattr(TASKS[cfg.task.name], "language_model", False),
+          f"train.dataset_size draws problems; {cfg.task.name} reads a corpus (set train.dataset_size=0)")
 
 
 def check_tests(cfg: Config) -> None:

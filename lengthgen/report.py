@@ -186,6 +186,10 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text += ["## Per task", "", markdown(agg)]
     for spec in specs:
         kind = spec["kind"]
+        swept = spec.get("y") or spec.get("x") if kind in ("heatmap", "accuracy_vs_option") else None
+        if swept and not any(a.get(swept, "") != "" for a in agg):  # a grid run for some of its tasks only
+            text += [f"(no run swept {swept}: no {kind} figure)", ""]
+            continue
         if kind == "accuracy_vs_length":
             metric, panels = spec.get("metric", "accuracy"), spec.get("panels")
             name = "accuracy_vs_length.png" if (metric, panels) == ("accuracy", None) else \

@@ -1,7 +1,8 @@
 """Trainer: online data, curriculum, schedule, EMA, checkpoints, resume.
 
 One training step: draw a fresh batch from the task (online i.i.d. samples,
-lengths up to the current curriculum maximum) -> position-ID transform
+lengths up to the current curriculum maximum; or the step's batch of a fixed
+finite set, train.dataset_size, lengthgen.finite_set) -> position-ID transform
 (train.position_transform, lengthgen.transforms) -> method loss -> backward ->
 clip -> AdamW step -> EMA update. Metrics go to metrics.jsonl every
 `log_interval` steps, with exact match at test lengths every `test_interval`
@@ -31,6 +32,7 @@ from .distributed import Ranks, no_sync, shard_seed
 from .presets import from_dict, load, longest_sequence
 from .resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
 from .errors import ResourceError, TrainingDiverged, UserError
+from .finite_set import FiniteSet, training_set
 from .methods import get_method
 from .tasks import Batch, Task, task_of
 from .tasks.base import sample_mixed
@@ -84,11 +86,14 @@ def sample_batch(task: Task, batch_size: int, low: int, high: int, generator: to
 
 
 def draw_batches(cfg: Config, task: Task, transform, step: int, high: int, data: torch.Generator,
-                 shards: range) -> list[Batch]:
+                 shards: range, finite: FiniteSet | None = None) -> list[Batch]:
     """The step's training data: one batch from the run's stream `data` (one data shard), or one
     batch of batch_size / data_shards samples per shard this process draws, each from a generator
-    seeded by (data_seed, shard, step), so no process needs another's stream (lengthgen.distributed)."""
+    seeded by (data_seed, shard, step), so no process needs another's stream (lengthgen.distributed).
+    With a finite training set (train.dataset_size), the step's batch of it; IDs still drawn from `data`."""
     tr, per_sample = cfg.train, cfg.train.length_sampling == "per_sample"
+    if finite is not None:
+        return [transform(finite.batch(step), data)]
     if tr.data_shards == 1:
         batch = sample_batch(task, tr.batch_size, cfg.task.train_min, high, data, per_sample)
         return [transform(batch, data)]  # position IDs drawn from the data stream too
@@ -195,6 +200,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
+    fixed_set = training_set(cfg, task)  # None: fresh samples every step
     torch.manual_seed(cfg.train.model_seed)
     model = method.build_model(cfg, task).to(device)
     ema = copy.deepcopy(model).requires_grad_(False) if cfg.train.ema > 0 else None
@@ -242,7 +248,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         with (metrics_path.open("a") if ranks.main else contextlib.nullcontext()) as log, contextlib.closing(sinks):
             while step < tr.steps:
                 high = curriculum_max(cfg, step)
-                batches = draw_batches(cfg, task, transform, step, high, data, shards)
+                batches = draw_batches(cfg, task, transform, step, high, data, shards, fixed_set)
                 lr = learning_rate(cfg, step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr

@@ -65,9 +65,9 @@ def same(a, b) -> bool:
     return a == b
 
 
-def drift(path: Path, documented: dict) -> list[str]:
-    """Every documented key whose value the loaded preset does not hold."""
-    got = config.flat(config.to_dict(presets.load(path)))
+def drift(path: Path, documented: dict, overrides: list[str] = ()) -> list[str]:
+    """Every documented key whose value the loaded preset (with `overrides`, e.g. a grid arm's) does not hold."""
+    got = config.flat(config.to_dict(presets.load(path, overrides)))
     return [f"{key}: preset {got.get(key, '<missing>')!r}, docs {value!r}"
             for key, value in documented.items() if key not in got or not same(got[key], value)]
 

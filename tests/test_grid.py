@@ -157,17 +157,21 @@ def test_the_papers_are_listed():
     assert "sparsity: Sparsity and position coupling" in text and "unique_set runs only: ppc, coupled, rope_pose, nope" in text
 
 
-def test_the_sparsity_grid_couples_through_rope_on_cpu_but_ppc_keeps_a_learned_table():
-    """On CPU, coupled addition reads its IDs through RoPE; PPC, whose ID head names absolute IDs,
-    and the oracle coupling it is measured against keep the learned table at every scale."""
+def test_the_sparsity_grid_couples_through_a_learned_table_but_multiplication_through_rope_on_cpu():
+    """Coupled addition reads its IDs from a learned N(0, 1) table at every scale (Cho et al.'s);
+    on CPU, multiplication, whose preset keeps the earlier block, reads them through RoPE; PPC,
+    whose ID head names absolute IDs, and the oracle coupling it is measured against keep the
+    learned table at every scale."""
     grid = grids.find("sparsity")
 
     def arms(scale, task):
         jobs = grids.plan(grid, scale, [task], ["ppc", "coupled", "nope"], 1, Path("unused"), workers=1)
         return {job.arm: dict(s.split("=", 1) for s in job.overrides) for job in jobs}
 
-    assert arms("cpu", "addition")["coupled"]["model.position"] == '"rope"'
-    assert arms("paper", "addition")["coupled"]["model.position"] == '"learned"'
+    for scale in ("cpu", "paper"):
+        coupled = arms(scale, "addition")["coupled"]
+        assert coupled["model.position"] == '"learned"' and coupled["model.position_options.std"] == "1.0"
+    assert arms("cpu", "multiplication")["coupled"]["model.position"] == '"rope"'
     for scale in ("cpu", "paper"):
         sets = arms(scale, "addition_mixed")
         assert sets["ppc"]["method"] == '"ppc"' and sets["coupled"]["task.options.coupled"] == "true"

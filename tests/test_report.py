@@ -153,3 +153,16 @@ def test_swept_values_order_as_numbers():
     table = summary(aggregate(rows))
     order = [line.split("|")[2].strip() for line in table.splitlines()[2:]]
     assert order == ["ntp (k=2)", "ntp (k=4)", "ntp (k=10)"], order
+
+
+def test_a_figure_over_an_option_no_run_swept_is_skipped_with_a_note(tmp_path):
+    """A grid run for some of its tasks (reproduce sparsity --tasks addition) has no k to draw over:
+    the report says so instead of failing after every run has trained."""
+    from lengthgen.report import write_report
+
+    folder = write_run(tmp_path / "run")
+    layout = {"figures": ["accuracy_vs_length", {"kind": "heatmap", "y": "k"}, {"kind": "accuracy_vs_option", "x": "k"}]}
+    report = write_report([folder], tmp_path / "out", layout=layout).read_text()
+    assert "(no run swept k: no heatmap figure)" in report and "(no run swept k: no accuracy_vs_option figure)" in report
+    assert (tmp_path / "out" / "accuracy_vs_length.png").exists()
+    assert not list((tmp_path / "out").glob("*_by_length_and_*.png"))

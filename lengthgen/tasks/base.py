@@ -9,7 +9,8 @@ The scored positions run from the '=' token to the end of the answer. Tasks
 whose answer length varies (binary_sum, unique_set) end it with one scored
 EOS; where the question fixes the answer length (parity, copy, addition,
 multiplication) there is no EOS, so no method is judged on guessing where an
-answer of known length ends. Example (copy, n = 3):
+answer of known length ends (the decimal tasks' `eos` option adds one, as Cho
+et al. train, and `bos` a BOS before the question). Example (copy, n = 3):
 
     position   0    1    2    3    4    5
     inputs     0    1    1    =    0    1
@@ -102,14 +103,19 @@ class Batch:
 
 
 def assemble(question: Tensor, question_len: Tensor, answer: Tensor, answer_len: Tensor,
-             lengths: Tensor, n_steps: Tensor, eos: bool = True) -> Batch:
+             lengths: Tensor, n_steps: Tensor, eos: bool = True, bos: bool = False) -> Batch:
     """Build a Batch from right-padded question and answer token tensors.
 
     question: (B, Q) with question_len[b] valid tokens (the last one is '=')
     answer:   (B, A) with answer_len[b] valid tokens (EOS is appended here if eos)
+    bos:      the question starts with one more token, EOS standing for BOS (as Cho et al.'s
+              tokenizer does with bos_to_eos: one token opens and closes a sequence); never scored
     Vectorised: one gather per tensor, no loop over samples.
     """
     batch = question.shape[0]
+    if bos:
+        question = torch.cat([torch.full((batch, 1), EOS, dtype=question.dtype), question], 1)
+        question_len = question_len + 1
     q, a = question_len[:, None], answer_len[:, None]
     # one past the last scored input column: the last answer token predicts EOS, or,
     # with eos=False (answer length known from the question), is never an input at all
@@ -193,6 +199,19 @@ class Task:
         or a (batch_size,) long tensor of per-sample lengths (one vectorised pass)."""
         raise NotImplementedError
 
+    @property
+    def draws_own_lengths(self) -> bool:
+        """Whether `sample_range` follows a law of the task's own rather than one uniform length
+        per sample (then one length per batch would bypass it)."""
+        return False
+
+    def sample_range(self, batch_size: int, low: int, high: int, generator: torch.Generator) -> Batch:
+        """A training batch over the lengths low..high: each sample's length uniform, then one
+        `sample` call. A task whose data law draws its own lengths over a range (decimal_addition's
+        independent operands) overrides it; a fixed length always goes through `sample`."""
+        lengths = torch.randint(low, high + 1, (batch_size,), generator=generator)
+        return self.sample(batch_size, lengths, generator)
+
     def check_length(self, length: int | Tensor, batch_size: int | None = None) -> None:
         """ValueError unless `length` is an int >= 1 or a 1-D long tensor of
         values >= 1 (of shape (batch_size,) when batch_size is given)."""
@@ -235,7 +254,10 @@ class Task:
         answer_ids = batch.targets[i][batch.targets[i] != IGNORE]
         if len(answer_ids) and int(answer_ids[-1]) == EOS:
             answer_ids = answer_ids[:-1]
-        return self.decode(batch.inputs[i, :q]), self.decode(answer_ids)
+        question_ids = batch.inputs[i, :q]
+        if q and int(question_ids[0]) == EOS:  # a BOS (assemble's bos) is framing, not text
+            question_ids = question_ids[1:]
+        return self.decode(question_ids), self.decode(answer_ids)
 
     def metrics(self, pred: Tensor, batch: Batch) -> dict[str, Tensor]:
         """The task's own metrics of predictions `pred` (B, L) (read at the scored positions),
@@ -273,14 +295,14 @@ def measure(task: Task, pred: Tensor, batch: Batch) -> dict[str, Tensor]:
 
 
 def sample_mixed(task: Task, batch_size: int, low: int, high: int, generator: torch.Generator) -> Batch:
-    """A batch whose per-sample lengths are uniform in [low, high], in one `task.sample` call."""
+    """A batch of lengths in [low, high] by the task's law (`Task.sample_range`: per-sample
+    lengths uniform, unless the task draws its own), in one vectorised pass."""
     for value in (low, high):
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"sample_mixed: low and high must be integers, got {value!r}")
     if not 1 <= low <= high:
         raise ValueError(f"sample_mixed: need 1 <= low <= high, got low={low}, high={high}")
-    lengths = torch.randint(low, high + 1, (batch_size,), generator=generator)
-    return task.sample(batch_size, lengths, generator)
+    return task.sample_range(batch_size, low, high, generator)
 
 
 def pad_answers(batch: Batch, k: int, to_row: bool = False) -> Batch:
@@ -324,3 +346,12 @@ class TrailingPad:
 
     def sample(self, batch_size: int, length, generator: torch.Generator) -> Batch:
         return pad_answers(self.task.sample(batch_size, length, generator), self.k, self.to_row)
+
+    @property
+    def draws_own_lengths(self) -> bool:
+        """Whether `sample_range` follows a law of the task's own rather than one uniform length
+        per sample (then one length per batch would bypass it)."""
+        return False
+
+    def sample_range(self, batch_size: int, low: int, high: int, generator: torch.Generator) -> Batch:
+        return pad_answers(self.task.sample_range(batch_size, low, high, generator), self.k, self.to_row)

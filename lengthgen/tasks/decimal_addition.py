@@ -11,12 +11,25 @@ position's next ID, for Predictive Position Coupling): tokens of one role share 
 The digits of significance i in a, b and the sum all take start + 1 + i; "+" and "=" take
 the start ID (1); padding takes 0. Training shifts them with the `random_offset`
 transform (keep_zero), so every ID up to its max_position is trained; evaluation
-starts at 1. Cho et al.'s code numbers the other way (the operators last, significance
-decreasing); the coupling, tokens of equal significance sharing one ID, is the same.
+starts at 1. Cho et al.'s code numbers addition the same way (its comment: "least
+significant digit has least position ID"); their N x 2 multiplication is numbered as
+the mirror image (decimal_multiplication).
 
 `operands = "different"`: one operand has n digits and the other 1..n (uniform, either
 one first), as in "653+49="; the sum still has n + 1 digits. Coupling aligns digits of
 equal significance wherever they sit, the case Predictive Position Coupling is tested on.
+
+`operands = "independent"`: Cho et al.'s data law. In training (`sample_range` over
+low..high) each operand's digit count is drawn on its own, uniform over low..high, its
+leading digit nonzero (a 1-digit operand is uniform over 0..9); the shorter one is
+zero-padded to the longer, whose digit count is the sample's length n. Over 1..30
+digits that makes n 20.5 on average (15.5 with one uniform n) and 31 % of the operand
+digits zeros (10 %). At a given length n (evaluation) both operands have exactly n
+digits, as Cho et al. test.
+
+`bos = true` opens the question with a BOS (the EOS token, as Cho et al.'s tokenizer
+does) whose coupled ID is 0, kept at 0 by random_offset's keep_zero, as in their code;
+`eos = true` ends the answer with a scored EOS, whose ID (as a next-ID target) is 0 too.
 
 T(n) = n looped steps.
 """
@@ -25,34 +38,73 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import IGNORE, Batch, Task, assemble, prefix_mask, uniform_below
+from .base import EOS, IGNORE, Batch, Task, assemble, prefix_mask, uniform_below
 
 START = 1  # the operators' ID in evaluation; 0 stays for padding
+OPERANDS = ("equal", "different", "independent")
+
+
+def exact_digits(digits: Tensor, count: Tensor, generator: torch.Generator) -> Tensor:
+    """digits (B, W), units first, kept in the first count[b] columns and zeroed past them, the
+    leading one (column count - 1) redrawn from 1..9 where count > 1: a number of exactly
+    count[b] digits, uniform over them."""
+    lead = 1 + torch.randint(0, 9, count.shape, generator=generator)
+    column = torch.arange(digits.shape[1])[None, :]
+    digits = torch.where((column == count[:, None] - 1) & (count[:, None] > 1), lead[:, None], digits)
+    return digits * prefix_mask(count, digits.shape[1])
+
+
+def check_flag(task: str, name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{task}: {name} must be true or false, got {value!r}")
 
 
 class DecimalAddition(Task):
     name = "decimal_addition"
     tokens = tuple("0123456789") + ("+", "=")
     answer_symbols = 10
-    eos = False  # the question fixes the answer length: n + 1 digits
+    eos = False  # the question fixes the answer length: n + 1 digits (option eos = true: a scored EOS)
     example = "653+049= -> 2070"
 
-    def __init__(self, *, coupled: bool = False, operands: str = "equal"):
-        if not isinstance(coupled, bool):
-            raise ValueError(f"decimal_addition: coupled must be true or false, got {coupled!r}")
-        if operands not in ("equal", "different"):
-            raise ValueError(f"decimal_addition: operands must be 'equal' or 'different', got {operands!r}")
-        self.coupled, self.operands = coupled, operands
+    def __init__(self, *, coupled: bool = False, operands: str = "equal", bos: bool = False, eos: bool = False):
+        for flag, value in (("coupled", coupled), ("bos", bos), ("eos", eos)):
+            check_flag(self.name, flag, value)
+        if operands not in OPERANDS:
+            raise ValueError(f"decimal_addition: operands must be one of {', '.join(OPERANDS)}, got {operands!r}")
+        self.coupled, self.operands, self.bos, self.eos = coupled, operands, bos, eos
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, width = self.lengths_of(batch_size, length)
+        if self.operands == "independent":  # at a given length: both operands of exactly n digits
+            return self.build(n, n, n, generator)
         a = torch.randint(0, 10, (batch_size, width), generator=generator)  # least significant first
         b = torch.randint(0, 10, (batch_size, width), generator=generator)
         la, lb = n.clone(), n.clone()  # digits of a and of b
         if self.operands == "different":  # one operand has n digits, the other 1..n, either first
             short, a_short = 1 + uniform_below(n, generator), torch.randint(0, 2, n.shape, generator=generator) == 1
             la, lb = torch.where(a_short, short, n), torch.where(a_short, n, short)
-        a, b = a * prefix_mask(la, width), b * prefix_mask(lb, width)
+        return self.lay_out(a * prefix_mask(la, width), b * prefix_mask(lb, width), la, lb, n)
+
+    @property
+    def draws_own_lengths(self) -> bool:
+        return self.operands == "independent"
+
+    def sample_range(self, batch_size: int, low: int, high: int, generator: torch.Generator) -> Batch:
+        if self.operands != "independent":
+            return super().sample_range(batch_size, low, high, generator)
+        counts = torch.randint(low, high + 1, (2, batch_size), generator=generator)  # each operand's own
+        return self.build(counts.amax(0), counts[0], counts[1], generator)
+
+    def build(self, n: Tensor, da: Tensor, db: Tensor, generator: torch.Generator) -> Batch:
+        """Operands of exactly da and db digits, both written with n = max(da, db) (zero-padded)."""
+        width = int(n.max())
+        a = exact_digits(torch.randint(0, 10, (len(n), width), generator=generator), da, generator)
+        b = exact_digits(torch.randint(0, 10, (len(n), width), generator=generator), db, generator)
+        return self.lay_out(a, b, n.clone(), n.clone(), n)
+
+    def lay_out(self, a: Tensor, b: Tensor, la: Tensor, lb: Tensor, n: Tensor) -> Batch:
+        """The batch of a + b: a (B, W) and b, units first, shown with la and lb digits."""
+        batch_size, width = a.shape
         total = torch.zeros(batch_size, width + 1, dtype=torch.long)
         carry = torch.zeros(batch_size, dtype=torch.long)
         for i in range(width):  # a carry chain: one column at a time, every sample at once
@@ -68,21 +120,24 @@ class DecimalAddition(Task):
         from_b = b.gather(1, significance.clamp(0, width - 1))
         question = torch.where(j < plus, from_a, from_b) + digit
         question = torch.where(j == plus, self.token_id("+"), torch.where(j == equals, self.token_id("="), question))
-        batch = assemble(question, la + lb + 2, total + digit, n + 1, lengths=n, n_steps=n.clone(), eos=self.eos)
+        batch = assemble(question, la + lb + 2, total + digit, n + 1, lengths=n, n_steps=n.clone(),
+                         eos=self.eos, bos=self.bos)
         if self.coupled:
-            batch.position_ids = self.coupled_ids(batch, la)
-            # scored column j predicts the sum digit of significance j - (q - 1): ID START + 2 + j - q
+            batch.position_ids = self.coupled_ids(batch, la, int(self.bos))
+            # scored column j predicts the sum digit of significance j - (q - 1): ID START + 2 + j - q;
+            # an EOS target takes 0, as Cho et al.'s EOS does
             j = torch.arange(batch.inputs.shape[1])[None, :]
-            batch.target_ids = (START + 2 + j - batch.question_len[:, None]).masked_fill(~batch.scored, IGNORE)
+            ids = (START + 2 + j - batch.question_len[:, None]).masked_fill(batch.targets == EOS, 0)
+            batch.target_ids = ids.masked_fill(~batch.scored, IGNORE)
         return batch
 
     @staticmethod
-    def coupled_ids(batch: Batch, la: Tensor) -> Tensor:
+    def coupled_ids(batch: Batch, la: Tensor, bos: int = 0) -> Tensor:
         """(B, L): significance i -> START + 1 + i in a, b and the sum; "+" and "=" -> START;
-        columns past a sample's inputs -> 0. `la`: the digits of a (B,)."""
-        la, q = la[:, None], batch.question_len[:, None]
-        j = torch.arange(batch.inputs.shape[1])[None, :]
+        a BOS (the first `bos` columns) and columns past a sample's inputs -> 0. `la`: the digits of a (B,)."""
+        la, q = la[:, None], batch.question_len[:, None] - bos
+        j = torch.arange(batch.inputs.shape[1])[None, :] - bos  # columns counted from after the BOS
         significance = torch.where(j < la, la - 1 - j, torch.where(j < q - 1, q - 2 - j, j - q))
         ids = START + 1 + significance
         ids = torch.where((j == la) | (j == q - 1), START, ids)
-        return ids.masked_fill(j >= batch.widths[:, None], 0)
+        return ids.masked_fill((j < 0) | (j + bos >= batch.widths[:, None]), 0)

@@ -9,6 +9,13 @@ significant first.
 `coupled = true` gives coupled position IDs as in decimal_addition: the digits of
 significance i in a, b and the product take START + 1 + i, "*" and "=" take START (1),
 padding 0; `target_ids` hold each scored position's next ID (Predictive Position Coupling).
+Cho et al.'s code numbers N x M the other way round, the mirror image: the operators take
+the largest ID and IDs fall with significance. The coupling, tokens of equal
+significance sharing one ID, is the same, and so are the ID differences up to sign.
+
+`leading_zero = false` is Cho et al.'s data law: a has exactly n digits, its leading one
+nonzero (1-digit a uniform over 0..9); b keeps its M digits zero-padded. `bos` and
+`eos` frame the sequence as in decimal_addition.
 
 T(n) = n looped steps.
 """
@@ -17,28 +24,31 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import IGNORE, Batch, Task, assemble, prefix_mask
-from .decimal_addition import START
+from .base import EOS, IGNORE, Batch, Task, assemble, prefix_mask
+from .decimal_addition import START, check_flag, exact_digits
 
 
 class DecimalMultiplication(Task):
     name = "decimal_multiplication"
     tokens = tuple("0123456789") + ("*", "=")
     answer_symbols = 10
-    eos = False  # the question fixes the answer length: n + M digits
+    eos = False  # the question fixes the answer length: n + M digits (option eos = true: a scored EOS)
     example = "0312*47= -> 466410"
 
-    def __init__(self, *, b_digits: int = 2, coupled: bool = False):
+    def __init__(self, *, b_digits: int = 2, coupled: bool = False, leading_zero: bool = True,
+                 bos: bool = False, eos: bool = False):
         if not isinstance(b_digits, int) or isinstance(b_digits, bool) or b_digits < 1:
             raise ValueError(f"decimal_multiplication: b_digits must be an integer >= 1, got {b_digits!r}")
-        if not isinstance(coupled, bool):
-            raise ValueError(f"decimal_multiplication: coupled must be true or false, got {coupled!r}")
-        self.m, self.coupled = b_digits, coupled
+        for flag, value in (("coupled", coupled), ("leading_zero", leading_zero), ("bos", bos), ("eos", eos)):
+            check_flag(self.name, flag, value)
+        self.m, self.coupled, self.leading_zero, self.bos, self.eos = b_digits, coupled, leading_zero, bos, eos
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, width = self.lengths_of(batch_size, length)
         m = self.m
         a = torch.randint(0, 10, (batch_size, width), generator=generator) * prefix_mask(n, width)  # units first
+        if not self.leading_zero:
+            a = exact_digits(a, n, generator)
         b = torch.randint(0, 10, (batch_size, m), generator=generator)
         # schoolbook: column i of the product sums a[i - j] * b[j], then the carries run up
         columns = torch.zeros(batch_size, width + m, dtype=torch.long)
@@ -57,15 +67,19 @@ class DecimalMultiplication(Task):
         from_b = b.gather(1, (equals - 1 - j).clamp(0, m - 1))
         question = torch.where(j < times, from_a, from_b) + digit
         question = torch.where(j == times, self.token_id("*"), torch.where(j == equals, self.token_id("="), question))
-        batch = assemble(question, n + m + 2, product + digit, n + m, lengths=n, n_steps=n.clone(), eos=self.eos)
+        batch = assemble(question, n + m + 2, product + digit, n + m, lengths=n, n_steps=n.clone(),
+                         eos=self.eos, bos=self.bos)
         if self.coupled:
-            self.couple(batch)
+            self.couple(batch, int(self.bos))
         return batch
 
-    def couple(self, batch: Batch) -> None:
-        n, q = batch.lengths[:, None], batch.question_len[:, None]
-        j = torch.arange(batch.inputs.shape[1])[None, :]
+    @staticmethod
+    def couple(batch: Batch, bos: int = 0) -> None:
+        """IDs as decimal_addition's: a BOS (the first `bos` columns) and padding 0, an EOS target 0."""
+        n, q = batch.lengths[:, None], batch.question_len[:, None] - bos
+        j = torch.arange(batch.inputs.shape[1])[None, :] - bos  # columns counted from after the BOS
         significance = torch.where(j < n, n - 1 - j, torch.where(j < q - 1, q - 2 - j, j - q))
         ids = torch.where((j == n) | (j == q - 1), START, START + 1 + significance)
-        batch.position_ids = ids.masked_fill(j >= batch.widths[:, None], 0)
-        batch.target_ids = (START + 2 + j - q).masked_fill(~batch.scored, IGNORE)
+        batch.position_ids = ids.masked_fill((j < 0) | (j + bos >= batch.widths[:, None]), 0)
+        targets = (START + 2 + j - q).masked_fill(batch.targets == EOS, 0)
+        batch.target_ids = targets.masked_fill(~batch.scored, IGNORE)
