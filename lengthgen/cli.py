@@ -36,11 +36,12 @@ def cmd_corpus(args) -> None:
     from .tasks.corpus import Corpus
 
     try:
-        corpus = Corpus(args.source, args.path or "", args.tokenizer, args.vocab_size)
+        corpus = Corpus(args.source, args.path or "", args.tokenizer, args.vocab_size, args.max_documents)
         meta = corpus.meta()  # builds the token files on first use
     except ValueError as err:  # CorpusError too: says how to get the corpus
         raise UserError(str(err)) from None
-    print(f"corpus {args.source} ({corpus.folder() if args.source != 'wikitext-103' else args.path or 'hub'}), "
+    where = corpus.folder() if args.source in ("python-docs", "files") else args.path or "hub"
+    print(f"corpus {args.source} ({where}), "
           f"tokenizer {args.tokenizer}, vocabulary {meta['vocab_size']}: {corpus.tokens_folder()}")
     for split, info in meta["splits"].items():
         print(f"  {split:<10} {info['documents']:>7} documents {info['characters']:>12,} characters "
@@ -151,10 +152,11 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tasks)
 
     c = sub.add_parser("corpus", help="tokenize a language-modelling corpus once and print its splits")
-    c.add_argument("--source", default="python-docs", help="python-docs (default), files or wikitext-103")
+    c.add_argument("--source", default="python-docs", help="python-docs (default), files, wikitext-103 or c4")
     c.add_argument("--path", help="a local copy of the corpus (a folder)")
     c.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe")
     c.add_argument("--vocab-size", type=int, default=0, help="BPE vocabulary size")
+    c.add_argument("--max-documents", type=int, default=0, help="at most this many documents per split (0 = all)")
     c.set_defaults(func=cmd_corpus)
     tr = sub.add_parser("train", help="train one run")
     tr.add_argument("preset", nargs="?", help="TOML preset, e.g. experiments/core/parity-ntp.toml")
