@@ -112,9 +112,11 @@ def cmd_report(args) -> None:
     command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
     from .report import DEFAULT_LAYOUT
     figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap] + \
-        ["training_curves"] * args.curves
+        ["training_curves"] * args.curves + \
+        ([{"kind": "gain_by_sparsity", "reference": args.gain_reference}] if args.gain_reference else [])
     command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)] +
-                         ["--curves"] * args.curves)
+                         ["--curves"] * args.curves + (["--gain-reference", args.gain_reference]
+                                                       if args.gain_reference else []))
     path = write_report(args.dirs, out, command=command, layout={"figures": figures})
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
@@ -201,6 +203,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--curves", action="store_true",
                    help="also draw training curves: the loss and, for runs that tested during training "
                         "(train.test_interval), exact match against step")
+    r.add_argument("--gain-reference", metavar="ARM_OR_RUN",
+                   help="also compare every run's per-token losses with the reference runs of this arm (or this "
+                        "run folder), paired by seed: G/Δ by dependence sparsity k (docs/sparsity.md)")
     r.set_defaults(func=cmd_report)
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
     rp.add_argument("paper", nargs="?", help="a folder name under experiments/ (see --list) or a folder holding a grid.toml")
