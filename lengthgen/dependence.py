@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -263,12 +264,25 @@ def write_cost(path: Path, key: str, value: dict) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def evaluate_tokens(out: Path, cfg, task, method, model, device: torch.device, batch_tokens: int) -> dict:
+def evaluate_tokens(out: Path, cfg, task, method, model, device: torch.device, batch_tokens: int,
+                    step: int = -1) -> dict | None:
     """The per-token evaluation of a run's config (eval.token_*) -> out/token_loss.csv, and with
-    eval.dependence the search for k -> out/dependence.csv; their costs -> out/token_eval.json."""
+    eval.dependence the search for k -> out/dependence.csv; their costs -> out/token_eval.json.
+    Skipped (None) when token_eval.json records the same settings for the same checkpoint `step`
+    and the files are there: `lengthgen eval RUN --lengths 8192` does not pay for them again."""
     from .lm import token_losses
 
     ev, out = cfg.eval, Path(out)
+    settings = {"step": step, "contexts": list(ev.token_contexts), "stride": ev.token_stride, "limit": ev.token_limit,
+                "dependence": ev.dependence, "options": asdict(Dependence(**ev.dependence_options))}
+    files = [out / TOKEN_LOSS] + ([out / DEPENDENCE] if ev.dependence else [])
+    try:
+        done = json.loads((out / TOKEN_EVAL).read_text()).get("settings")
+    except (OSError, ValueError, AttributeError):
+        done = None
+    if done == settings and all(f.is_file() for f in files):
+        print(f"note: {out / TOKEN_EVAL} records this evaluation of step {step}; per-token files kept", file=sys.stderr)
+        return None
     start = time.perf_counter()
     losses = token_losses(task, method, model, ev.token_contexts, ev.token_stride, ev.token_limit, batch_tokens, device)
     seconds = time.perf_counter() - start
@@ -286,4 +300,5 @@ def evaluate_tokens(out: Path, cfg, task, method, model, device: torch.device, b
         write_dependence(out / DEPENDENCE, rows)
         cost["seconds_per_1000_tokens"] = 1000 * cost["seconds"] / max(cost["tokens"], 1)
         write_cost(out / TOKEN_EVAL, "dependence", cost)
+    write_cost(out / TOKEN_EVAL, "settings", settings)  # last: a killed search is never taken as done
     return losses

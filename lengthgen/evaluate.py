@@ -314,7 +314,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         from .dependence import evaluate_tokens
 
         with autocast(device, precision):
-            evaluate_tokens(out, cfg, task, method, model, device, batch_size * cfg.task.train_max)
+            evaluate_tokens(out, cfg, task, method, model, device, batch_size * cfg.task.train_max, step)
     if per_step:
         steps_rows = with_labels(steps_rows, labels)
         write_csv(out / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))

@@ -125,6 +125,19 @@ def gains(short: str, ref: str, edges: list[int], select: str) -> dict:
     out = {i: (float(g[b == i].sum()), float(d[b == i].sum()), int((b == i).sum())) for i in range(len(edges) + 1)}
     out["all"] = (float(g.sum()), float(d.sum()), len(g))
     out["mean_g"] = float((losses[f"loss_{near}"] - losses[f"loss_{full}"]).mean())  # over every scored token
+    # the mirror of T*: tokens the far context *hurts* by more than tau. Where it hurts about as often
+    # as it helps, G/D there says how much two models agree on far context that carries nothing
+    ref = read_token_losses(Path(ref) / TOKEN_LOSS)
+    same = (len(ref["document"]) == len(losses["document"]) and np.array_equal(ref["document"], losses["document"])
+            and np.array_equal(ref["position"], losses["position"]))
+    tau = cost.get("settings", {}).get("tau", 0.0)
+    if same:
+        d_all = ref[f"loss_{near}"] - ref[f"loss_{full}"]
+        g_all = losses[f"loss_{near}"] - losses[f"loss_{full}"]
+        hurt = d_all < -tau
+        out["mirror"] = (float(g_all[hurt].sum()), float(d_all[hurt].sum()), int(hurt.sum()))
+    else:
+        out["mirror"] = (math.nan, math.nan, 0)
     return out
 
 
@@ -132,8 +145,8 @@ def table(series: dict[str, dict], edges: list[int]) -> str:
     """Markdown: a row per series, G/D per bucket (tokens per seed), all of T*, first - last."""
     names = bucket_names(edges)
     lines = ["| series | seeds | " + " | ".join(f"k {n}" if n.startswith(">") else f"k = {n}" for n in names)
-             + " | all of T* | first − last | mean G, all tokens |",
-             "|---|---:|" + "---:|" * (len(names) + 3)]
+             + " | all of T* | first − last | mirror: Δ < −τ | mean G, all tokens |",
+             "|---|---:|" + "---:|" * (len(names) + 4)]
     for label, per_seed in series.items():
         cells = []
         for i in list(range(len(names))) + ["all"]:
@@ -142,8 +155,10 @@ def table(series: dict[str, dict], edges: list[int]) -> str:
             cells.append(cell(*mean_se(ratios), f" ({tokens})"))
         falls = [s[0][0] / s[0][1] - s[len(names) - 1][0] / s[len(names) - 1][1]
                  if s[0][1] > 0 and s[len(names) - 1][1] > 0 else math.nan for s in per_seed]
+        mirror = [s["mirror"][0] / s["mirror"][1] if s["mirror"][1] < 0 else math.nan for s in per_seed]
+        tokens = sum(s["mirror"][2] for s in per_seed)
         lines.append(f"| {label} | {len(per_seed)} | " + " | ".join(cells) + f" | {cell(*mean_se(falls))} | "
-                     f"{cell(*mean_se([s['mean_g'] for s in per_seed]))} |")
+                     f"{cell(*mean_se(mirror), f' ({tokens})')} | {cell(*mean_se([s['mean_g'] for s in per_seed]))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -346,8 +361,10 @@ def section(spec: dict, rows: list[dict], agg: list[dict], out: Path) -> list[st
                  "G/Δ = Σ G / Σ Δ over the tokens of T* in each bucket of k (k from the reference model), mean ± "
                  "standard error over the seeds with tokens in that bucket (tokens of all seeds in brackets); "
                  "`all of T*`: the ratio over every bucket; "
-                 "`first − last`: the sparsest bucket's ratio minus the densest's, per seed; `mean G, all tokens`: "
-                 "each model's mean loss(near) − loss(full) over every scored token.", "", table(series, edges)]
+                 "`first − last`: the sparsest bucket's ratio minus the densest's, per seed; `mirror: Δ < −τ`: the "
+                 "same ratio over the tokens the far context hurts (where it hurts as often as it helps, a ratio "
+                 "there as large as on T* is two models agreeing on far context that carries nothing); `mean G, all "
+                 "tokens`: each model's mean loss(near) − loss(full) over every scored token.", "", table(series, edges)]
         if sel == select:
             text += ["![G/Δ by k](gain_by_sparsity.png)", ""]
     stats = plot_delta(sorted(refs.values()), edges, select, out / "delta_distribution.png")

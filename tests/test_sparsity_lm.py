@@ -467,7 +467,12 @@ def independent_ratios(out, arm, seeds, edges, select="in_tau"):
             b = 0 if k <= edges[0] else 1 if k <= edges[1] else 2
             g, d = sums.get(b, (0.0, 0.0))
             sums[b] = (g + short[(r["document"], r["position"])], d + float(r["delta"]))
-        per_seed.append({b: g / d for b, (g, d) in sums.items()})
+        with open(out / "runs" / f"text-long-s{seed}" / "token_loss.csv") as f:
+            ref = {(r["document"], r["position"]): float(r["loss_4"]) - float(r["loss_16"]) for r in csv.DictReader(f)}
+        hurt = [key for key, d in ref.items() if d < 0.0]  # the mirror of T*: Δ < -tau (tau = 0 here)
+        ratios = {b: g / d for b, (g, d) in sums.items()}
+        ratios["mirror"] = sum(short[key] for key in hurt) / sum(ref[key] for key in hurt)
+        per_seed.append(ratios)
     return per_seed
 
 
@@ -504,6 +509,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
                 assert cells[2 + b].startswith(f"{np.mean(values):.3f}")
             else:
                 assert cells[2 + b] == "–"
+        assert cells[7].startswith(f"{np.mean([s['mirror'] for s in per_seed]):.3f}")
     # run again: every run is finished and evaluated, nothing is computed again
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("token_loss.csv")}
     reproduce("toy", "cpu", out=out, workers=1, threads=1, progress=False)
@@ -514,6 +520,13 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     assert (out / "runs" / "text-long-s1" / "dependence.csv").is_file()
     changed = [p for p, t in stamps.items() if p.stat().st_mtime_ns != t]
     assert [p.parent.name for p in changed] == ["text-long-s1"]
+    # evaluating other windows later does not pay for the per-token files again
+    from lengthgen.evaluate import evaluate_run
+
+    run = out / "runs" / "text-long-s0"
+    before = (run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns
+    evaluate_run(run, [8], 100, progress=False)
+    assert before == ((run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns)
     # the same comparison outside a grid: lengthgen report --gain-reference
     from lengthgen.cli import main
 
