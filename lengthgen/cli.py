@@ -102,6 +102,10 @@ def cmd_eval(args) -> None:
         print(format_table([r for r in rows if group(r) == key]))
     out = Path(args.out or args.run)
     print(f"wrote {out / 'eval.csv'}" + (f" and {out / 'per_step.csv'}" if args.per_step else ""))
+    if (out / "token_eval.json").is_file() and (out / "token_loss.csv").is_file():  # per token (docs/lm.md)
+        print(f"per-token losses in {out / 'token_loss.csv'}" + (f", dependence sparsity in {out / 'dependence.csv'}"
+                                                                 if (out / "dependence.csv").is_file() else "")
+              + f", their cost in {out / 'token_eval.json'}")
 
 
 def cmd_report(args) -> None:

@@ -175,9 +175,13 @@ def plot_gain(series: dict[str, dict], colors: dict[str, str], edges: list[int],
         ax.errorbar(x + shift, mean, yerr=err, marker="o", capsize=3, label=label, color=colors.get(label))
     ax.axhline(0, color="grey", lw=0.8)
     ax.axhline(1, color="grey", lw=0.8, ls="--")
+    lows = [m for per_seed in series.values() for s in per_seed for i in range(len(names))
+            if s[i][1] > 0 and (m := s[i][0] / s[i][1]) < -2]
+    if lows:  # a control far below 0 would flatten the others: linear on [-1, 1], logarithmic beyond
+        ax.set_yscale("symlog", linthresh=1.0)
     ax.set_xticks(x, names)
     ax.set_xlabel("k: far tokens the long model needs to recover its benefit")
-    ax.set_ylabel("G / Δ  (short model's gain / long model's)")
+    ax.set_ylabel("G / Δ  (short model's gain / long model's)" + ("; symlog" if lows else ""))
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -298,8 +302,8 @@ def plot_examples(ref: str, count: int, select: str, path: Path, width: int = 64
             if kind == "target":
                 ax.add_patch(plt.Rectangle((col, row - 0.05), len(piece), 0.9, fill=False, ec="#cc3311", lw=1.5))
             ax.text(col, row + 0.45, piece, family="monospace", fontsize=8, va="center", ha="left")
-        ax.set_title(f"Δ = {r['delta']:.2f} nats, k = {r['k']}: the token in the red box, read with the near "
-                     f"{near} (grey) and the {r['k']} far tokens on orange", fontsize=8, loc="left")
+        ax.set_title(f"Δ = {r['delta']:.2f} nats, k = {r['k']}: red box = the token; grey = near {near}; "
+                     f"orange = far tokens kept", fontsize=8, loc="left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

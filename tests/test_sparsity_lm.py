@@ -527,8 +527,31 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     before = (run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns
     evaluate_run(run, [8], 100, progress=False)
     assert before == ((run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns)
-    # the same comparison outside a grid: lengthgen report --gain-reference
+    # k again with leave-one-out ranks, on a few tokens of the reference's T* (scripts/dependence_ranks.py)
+    import subprocess
+
     from lengthgen.cli import main
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "dependence_ranks.py"
+    loo = tmp_path / "loo"
+    for seed in range(2):
+        done = subprocess.run([sys.executable, str(script), str(out / "runs" / f"text-long-s{seed}"), "3", "--out",
+                               str(loo)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert "3 tokens of T*" in done.stdout and "| leave_one_out |" in done.stdout and "| attention |" in done.stdout
+    # ... and writes a reference the report reads: the short runs against it, and the original reference
+    # against its re-ranked copy, whose G/Δ is exactly 1 in every bucket (the same losses on both sides)
+    assert main(["report", str(out / "runs"), str(loo), "--out", str(tmp_path / "loo-report"),
+                 "--gain-reference", "long_loo"]) == 0
+    text = (tmp_path / "loo-report" / "report.md").read_text()
+    line = next(l for l in text.splitlines() if l.startswith("| long | 2 |"))
+    assert all(c.strip().startswith("1.000") or c.strip() == "–" for c in line.strip("|").split("|")[2:6])
+    refused = subprocess.run([sys.executable, str(script), str(out / "runs" / "text-nope-s0")], capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1 and "dependence.csv" in refused.stderr
+    # the same comparison outside a grid: lengthgen report --gain-reference
 
     assert main(["report", str(out / "runs"), "--out", str(tmp_path / "again"), "--gain-reference", "long"]) == 0
     assert "Long-context gain by dependence sparsity" in (tmp_path / "again" / "report.md").read_text()
