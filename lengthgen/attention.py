@@ -16,6 +16,12 @@
 
 RoPE-style rotation is applied in every path, before the logits are formed.
 
+Recording: when the scheme's `keep` is a dict, every path also records its attention
+weights (layer -> list of (B, H, queries, keys) chunks, detached; only the last query's
+row when `scheme.keep_last`): the content schemes from inside their own attention, the
+others by `attention_weights` beside the unchanged fast path, so a recorded forward pass
+returns the same output as an unrecorded one.
+
 Packed rows (`Packed`): the looped model's step-dependent loss keeps rows of
 different widths as one (N, D) token array, so the per-token layers (LayerNorm,
 the q/k/v and output projections, the MLP: nearly all the FLOPs) touch no
@@ -125,7 +131,7 @@ def query_spans(T: int, chunk: int, rows: int = 1) -> list[tuple[int, int]]:
 
 
 def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: int = 0,
-                  dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None) -> Tensor:
+                  dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None, keep_last: bool = False) -> Tensor:
     """Threshold Relative Attention (Opper et al., TMLR 2025), causal, per head.
 
     q, k, v (B, H, T, Dh); gate_logit (B, H, T), the forget gate before its logsigmoid.
@@ -137,7 +143,8 @@ def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: in
     Queries run `chunk` at a time (0 = all at once; fewer if the batch is large, see
     `query_spans`): a chunk of c queries sees only the
     keys up to its last query, so memory is O(c * T), never (T, T), and the result is the
-    same. `keep`, if a list, gets each chunk's attention weights (B, H, c, keys), detached."""
+    same. `keep`, if a list, gets each chunk's attention weights (B, H, c, keys), detached
+    (with `keep_last`, only the last query's row, (B, H, 1, T))."""
     Dh, T = q.shape[-1], q.shape[-2]
     q, k = F.rms_norm(q, (Dh,)), F.rms_norm(k, (Dh,))
     gate = F.logsigmoid(gate_logit.float())[..., None]  # (B, H, T, 1), <= 0: forgetting grows with distance
@@ -152,22 +159,24 @@ def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: in
         # a dead row keeps its raw scores (finite, so no NaN anywhere) and its output is zeroed below
         logits = dropout.logits(torch.addcmul(raw, distance, gate[:, :, s:e]))  # the notebook's dropout(S + D)
         att = torch.softmax(torch.where(kept | dead, logits, float("-inf")), dim=-1)
-        if keep is not None:
-            keep.append(att.masked_fill(dead, 0.0).detach())
+        if keep is not None and (not keep_last or e == T):
+            weights = att.masked_fill(dead, 0.0).detach()
+            keep.append(weights[..., -1:, :] if keep_last else weights)
         y = dropout.weights(att).to(v.dtype) @ v[:, :, :e]  # (B, H, c, Dh)
         out.append(y.masked_fill(dead, 0.0))
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
 def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: int, chunk: int = 0,
-                   dropout: AttentionDropout = NO_DROPOUT) -> Tensor:
+                   dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None, keep_last: bool = False) -> Tensor:
     """Contextual position encoding (Golovneva et al., 2024), causal.
 
     q, k, v (B, H, T, Dh); pos_emb (Dh, npos_max), the position vectors E[p].
     Gates g_ij = sigmoid(q_i . k_j / sqrt(Dh)) for j <= i (0 for the future); positions
     p_ij = sum_{m=j..i} g_im, clamped to npos_max - 1; z_i[p] = q_i . E[p] at integer p,
     linearly interpolated between floor(p) and ceil(p); logits (q_i . k_j + z_i[p_ij]) / sqrt(Dh).
-    Returns (B, H, T, Dh). Queries run `chunk` at a time (0 = all), as in `tra_attention`."""
+    Returns (B, H, T, Dh). Queries run `chunk` at a time (0 = all), and `keep` records, as in
+    `tra_attention`."""
     Dh, T = q.shape[-1], q.shape[-2]
     out = []
     for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1]):
@@ -185,8 +194,27 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: i
         z_at = z.gather(-1, high) * frac + z.gather(-1, low) * (1 - frac)  # (B, H, c, e)
         logits = dropout.logits((dots + z_at) * Dh ** -0.5).masked_fill(~causal, float("-inf"))
         att = torch.softmax(logits, dim=-1)  # every query keeps itself: no empty row
+        if keep is not None and (not keep_last or e == T):
+            keep.append((att[..., -1:, :] if keep_last else att).detach())
         out.append(dropout.weights(att).to(v.dtype) @ v[:, :, :e])
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def attention_weights(q: Tensor, k: Tensor, bias: Tensor | None = None, last: bool = False) -> Tensor:
+    """The causal softmax(q k^T / sqrt(Dh) + bias) weights the fast and bias paths compute inside
+    SDPA, in float32: (B, H, T, T), or with `last` only the last query's row (B, H, 1, T), which
+    costs O(T) and is what a per-token measurement needs. bias (B|1, H, T, T) or None."""
+    T, Dh = q.shape[-2], q.shape[-1]
+    if last:
+        logits = (q[..., -1:, :] @ k.transpose(-2, -1)).float() * Dh ** -0.5  # (B, H, 1, T): all keys are before it
+        return torch.softmax(logits if bias is None else logits + bias[..., -1:, :], dim=-1)
+    logits = (q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + causal_mask(T, q.device)
+    return torch.softmax(logits if bias is None else logits + bias, dim=-1)
+
+
+def record(keep: dict, layer: int, weights: Tensor, last: bool) -> None:
+    """Append a layer's weights (B, H, queries, keys) to a scheme's `keep` dict."""
+    keep.setdefault(layer, []).append((weights[..., -1:, :] if last else weights).detach())
 
 
 def use_math_attention(q: Tensor) -> bool:
@@ -312,6 +340,10 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else NO_DROPOUT
         p = dropout.p if dropout.on == "weights" else 0.0  # what SDPA's dropout_p may take
 
+        keep = getattr(scheme, "keep", None)  # a dict: record this layer's weights (content schemes do it inside)
+        if keep is not None and not scheme.has_content and cache is None:
+            record(keep, self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
+                                                       scheme.keep_last), scheme.keep_last)
         if cache is not None:
             y = cached_attention(q, *cache.extend(self.layer, k, v))
         elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout)) is not None:
@@ -321,6 +353,8 @@ class CausalSelfAttention(nn.Module):
             if scheme.has_bias:
                 logits = logits + scheme.bias(position_ids)
             att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
+            if keep is not None:
+                record(keep, self.layer, att, scheme.keep_last)
             y = att.to(v.dtype) @ v  # (B, H, T, Dh)
         elif dropout.p and dropout.on == "logits":
             y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout)

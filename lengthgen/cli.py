@@ -36,11 +36,12 @@ def cmd_corpus(args) -> None:
     from .tasks.corpus import Corpus
 
     try:
-        corpus = Corpus(args.source, args.path or "", args.tokenizer, args.vocab_size)
+        corpus = Corpus(args.source, args.path or "", args.tokenizer, args.vocab_size, args.max_documents)
         meta = corpus.meta()  # builds the token files on first use
     except ValueError as err:  # CorpusError too: says how to get the corpus
         raise UserError(str(err)) from None
-    print(f"corpus {args.source} ({corpus.folder() if args.source != 'wikitext-103' else args.path or 'hub'}), "
+    where = corpus.folder() if args.source in ("python-docs", "files") else args.path or "hub"
+    print(f"corpus {args.source} ({where}), "
           f"tokenizer {args.tokenizer}, vocabulary {meta['vocab_size']}: {corpus.tokens_folder()}")
     for split, info in meta["splits"].items():
         print(f"  {split:<10} {info['documents']:>7} documents {info['characters']:>12,} characters "
@@ -102,6 +103,10 @@ def cmd_eval(args) -> None:
         print(format_table([r for r in rows if group(r) == key]))
     out = Path(args.out or args.run)
     print(f"wrote {out / 'eval.csv'}" + (f" and {out / 'per_step.csv'}" if args.per_step else ""))
+    if (out / "token_eval.json").is_file() and (out / "token_loss.csv").is_file():  # per token (docs/lm.md)
+        print(f"per-token losses in {out / 'token_loss.csv'}" + (f", dependence sparsity in {out / 'dependence.csv'}"
+                                                                 if (out / "dependence.csv").is_file() else "")
+              + f", their cost in {out / 'token_eval.json'}")
 
 
 def cmd_report(args) -> None:
@@ -112,9 +117,11 @@ def cmd_report(args) -> None:
     command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
     from .report import DEFAULT_LAYOUT
     figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap] + \
-        ["training_curves"] * args.curves
+        ["training_curves"] * args.curves + \
+        ([{"kind": "gain_by_sparsity", "reference": args.gain_reference}] if args.gain_reference else [])
     command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)] +
-                         ["--curves"] * args.curves)
+                         ["--curves"] * args.curves + (["--gain-reference", args.gain_reference]
+                                                       if args.gain_reference else []))
     path = write_report(args.dirs, out, command=command, layout={"figures": figures})
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
@@ -152,10 +159,11 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_tasks)
 
     c = sub.add_parser("corpus", help="tokenize a language-modelling corpus once and print its splits")
-    c.add_argument("--source", default="python-docs", help="python-docs (default), files or wikitext-103")
+    c.add_argument("--source", default="python-docs", help="python-docs (default), files, wikitext-103 or c4")
     c.add_argument("--path", help="a local copy of the corpus (a folder)")
     c.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe")
     c.add_argument("--vocab-size", type=int, default=0, help="BPE vocabulary size")
+    c.add_argument("--max-documents", type=int, default=0, help="at most this many documents per split (0 = all)")
     c.set_defaults(func=cmd_corpus)
     tr = sub.add_parser("train", help="train one run")
     tr.add_argument("preset", nargs="?", help="TOML preset, e.g. experiments/core/parity-ntp.toml")
@@ -202,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--curves", action="store_true",
                    help="also draw training curves: the loss and, for runs that tested during training "
                         "(train.test_interval), exact match against step")
+    r.add_argument("--gain-reference", metavar="ARM_OR_RUN",
+                   help="also compare every run's per-token losses with the reference runs of this arm (or this "
+                        "run folder), paired by seed: G/Δ by dependence sparsity k (docs/sparsity.md)")
     r.set_defaults(func=cmd_report)
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
     rp.add_argument("paper", nargs="?", help="a folder name under experiments/ (see --list) or a folder holding a grid.toml")

@@ -135,6 +135,15 @@ class EvalConfig:
     # this many independent draws (from the evaluation seed) and every metric averaged over them
     position_draws: int = 1
     compile: bool = False  # torch.compile each block for evaluation, as train.compile (lengthgen.compiling)
+    # per-token evaluation of a language-model task (lengthgen.lm.token_losses -> RUN/token_loss.csv): each
+    # scored test token is predicted from exactly c tokens of its own document, for every c here; [] = off
+    token_contexts: list = field(default_factory=list)
+    token_stride: int = 1  # score every token_stride-th token of each document, from position max(c) on
+    token_limit: int = 0  # at most this many scored tokens, evenly spaced over them; 0 = every one
+    # dependence sparsity k(t) of the tokens the largest context helps (lengthgen.dependence -> RUN/dependence.csv),
+    # near = the smallest of token_contexts, full = the largest
+    dependence: bool = False
+    dependence_options: dict = field(default_factory=dict)  # its settings: tau, top_p, epsilon, rank, max_tokens
 
 
 @dataclass

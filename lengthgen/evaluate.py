@@ -321,6 +321,11 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     write_rows(out / "eval.csv", rows, with_labels(old, labels), list(sweep))
     if position_rows:
         write_position_loss(out / POSITION_LOSS, position_rows)
+    if cfg.eval.token_contexts:  # per token, fixed context (and the dependence search): lengthgen.dependence
+        from .dependence import evaluate_tokens
+
+        with autocast(device, precision):
+            evaluate_tokens(out, cfg, task, method, model, device, batch_size * cfg.task.train_max, step)
     if per_step:
         steps_rows = with_labels(steps_rows, labels)
         write_csv(out / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))

@@ -232,15 +232,13 @@ def plot_attention(folder: Path, path: Path, options: dict | None = None, length
     at `length`, default its training maximum, with task `options` changed, e.g. a split):
     a panel per layer and head, a row per scored position (e.g. each read), a column per key;
     where the task says which input holds each answer (Task.source_positions), a red dot
-    marks it. Returns a caption. The scheme must record its weights (a `keep` dict: tra)."""
+    marks it. Returns a caption. Every scheme records its weights (`PositionalScheme.keep`)."""
     import torch
 
     from .evaluate import eval_generator, load_run
     from .tasks import task_of
 
     cfg, task, _, model, _ = load_run(folder, torch.device("cpu"))
-    if not hasattr(model.scheme, "keep"):
-        raise UserError(f"{folder}: scheme {cfg.model.position} does not record attention weights (tra does)")
     task = task_of(cfg.task, **(options or {}))
     n = length or cfg.task.train_max
     batch = task.sample(1, n, eval_generator(cfg.eval.seed, n))

@@ -76,6 +76,11 @@ class Method:
     def logits(self, model: nn.Module, batch: Batch) -> Tensor:  # (B, L, V)
         raise NotImplementedError
 
+    def last_logits(self, model: nn.Module, batch: Batch, last: Tensor) -> Tensor:  # (B, V)
+        """The logits at column last[b] of each row: a per-token measurement scores one position per
+        row (lengthgen.lm). A method that can skip the read-out elsewhere overrides it."""
+        return self.logits(model, batch)[torch.arange(len(last), device=last.device), last]
+
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
         logits = self.logits(model, batch)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
@@ -91,6 +96,12 @@ class NextTokenPrediction(Method):
 
     def logits(self, model, batch):
         return model(batch.inputs, batch.position_ids)
+
+    def last_logits(self, model, batch, last):
+        # the read-out at one column per row: with a large vocabulary it costs as much as the blocks
+        ids = model.position_ids_for(batch.inputs, batch.position_ids)
+        h = model.run_blocks(model.embed(batch.inputs, ids), ids)  # (B, T, D)
+        return model.head(h[torch.arange(len(last), device=last.device), last])  # (B, V)
 
 
 class Looped(Method):

@@ -51,6 +51,11 @@ class PositionalScheme(nn.Module):
 
     has_bias = False  # True if `bias` returns a tensor
     has_content = False  # True if `content_logits` returns a tensor
+    # Attention recording, for every scheme: set `keep` to a dict and each layer appends its weights
+    # (layer -> list of (B, H, queries, keys) chunks; attention.py); `keep_last` keeps only the last
+    # query's row (a per-token measurement needs no more, and it costs O(T), not O(T^2)).
+    keep: dict | None = None
+    keep_last: bool = False
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -228,7 +233,8 @@ class CoPE(PositionalScheme):
                                         for _ in range(cfg.n_layer))
 
     def attend(self, q, k, v, x, layer, dropout):
-        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout)
+        kept = self.keep.setdefault(layer, []) if self.keep is not None else None
+        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, self.keep_last)
 
 
 class TRA(PositionalScheme):
@@ -247,12 +253,11 @@ class TRA(PositionalScheme):
             raise ValueError(f"tra chunk must be an integer >= 0, got {chunk!r}")
         self.chunk = chunk
         self.gates = nn.ModuleList(nn.Linear(cfg.d_model, cfg.n_head) for _ in range(cfg.n_layer))
-        self.keep: dict | None = None
 
     def attend(self, q, k, v, x, layer, dropout):
         gate_logit = self.gates[layer](x).transpose(1, 2)  # (B, H, T)
         kept = self.keep.setdefault(layer, []) if self.keep is not None else None
-        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept)
+        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept, self.keep_last)
 
 
 # Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's

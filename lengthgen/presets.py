@@ -181,6 +181,7 @@ def validate(cfg: Config) -> Config:
     if m.position_options:  # a scheme checks its own option values when built
         built("model.position_options", lambda: SCHEMES[m.position](m, **m.position_options))
     check_sweep(cfg)
+    check_token_eval(cfg)
     name = tr.position_transform
     check(name in TRANSFORMS, f"train.position_transform {name!r} is unknown{_hint(name, TRANSFORMS)}; "
                               f"choose from {', '.join(TRANSFORMS)}")
@@ -228,6 +229,34 @@ def check_finite_set(cfg: Config) -> None:
                                f"(now {tr.data_shards})")
     check(not getattr(TASKS[cfg.task.name], "language_model", False),
           f"train.dataset_size draws problems; {cfg.task.name} reads a corpus (set train.dataset_size=0)")
+
+
+def check_token_eval(cfg: Config) -> None:
+    """eval.token_*: contexts of a language-model task, read by a method that takes position IDs
+    and has no stop rules, within a position table; eval.dependence: two contexts at least, options
+    of lengthgen.dependence.Dependence."""
+    from .dependence import Dependence
+
+    ev, m = cfg.eval, cfg.model
+    contexts = ev.token_contexts
+    check(all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_LENGTH for c in contexts)
+          and len(set(contexts)) == len(contexts),
+          f"eval.token_contexts must be distinct integers in [1, {MAX_LENGTH}], got {contexts!r}")
+    check(isinstance(ev.token_stride, int) and ev.token_stride >= 1, f"eval.token_stride must be >= 1, got {ev.token_stride}")
+    check(ev.token_limit >= 0, f"eval.token_limit must be >= 0 (0 = every token), got {ev.token_limit}")
+    if contexts:
+        method = get_method(cfg.method)
+        check(getattr(TASKS[cfg.task.name], "language_model", False),
+              f"eval.token_contexts scores tokens of a test split; {cfg.task.name} is not a language-model task")
+        check(method.accepts_position_ids and not method.has_stop_rules,
+              f"eval.token_contexts needs a next-token method that reads position IDs, not {cfg.method}")
+        check(m.position not in TABLE_POSITIONS or max(contexts) <= m.max_positions,
+              f"eval.token_contexts reaches {max(contexts)} tokens, past model.max_positions ({m.max_positions})")
+    check(not ev.dependence or len(contexts) >= 2,
+          "eval.dependence needs eval.token_contexts with two contexts at least (near = the smallest, "
+          "full = the largest)")
+    check_options("eval.dependence_options", ev.dependence_options, Dependence, "the dependence measurement")
+    built("eval.dependence_options", lambda: Dependence(**ev.dependence_options))
 
 
 def check_tests(cfg: Config) -> None:

@@ -19,6 +19,7 @@ from .tasks import TASKS
 from .evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
 from .curves import plot_position_loss, plot_training
 from .figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
+from .gain import section as gain_section
 from .run_folders import REPORT_MARK, check_overwritable
 from .series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
 
@@ -106,7 +107,8 @@ def figure_specs(layout: dict) -> list[dict]:
         if unknown:
             raise UserError(f"report figure {spec['kind']} has no setting {sorted(unknown)[0]!r}; "
                             f"its settings: {', '.join(sorted(FIGURES[spec['kind']])) or 'none'}")
-        for key in {"heatmap": ("y",), "attention": ("task",), "accuracy_vs_option": ("x",)}.get(spec["kind"], ()):
+        for key in {"heatmap": ("y",), "attention": ("task",), "accuracy_vs_option": ("x",),
+                    "gain_by_sparsity": ("reference",)}.get(spec["kind"], ()):
             if not isinstance(spec.get(key), str):
                 raise UserError(f"a {spec['kind']} figure needs {key} = NAME")
     for spec in layout.get("tables", []):
@@ -118,7 +120,8 @@ def figure_specs(layout: dict) -> list[dict]:
 # figure kind -> its settings
 FIGURES = {"accuracy_vs_length": {"panels", "names", "metric", "log", "xlabel"}, "accuracy_vs_iteration": set(),
            "heatmap": {"y", "metric"}, "attention": {"task", "arm", "options", "length"},
-           "accuracy_vs_option": {"x", "length", "metric"}, "training_curves": set(), "position_loss": {"windows"}}
+           "accuracy_vs_option": {"x", "length", "metric"}, "training_curves": set(), "position_loss": {"windows"},
+           "gain_by_sparsity": {"reference", "buckets", "select", "examples"}}
 
 
 def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
@@ -231,6 +234,8 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
                      f"![{metric} vs {short_name(x)}]({name})", ""]
         elif kind == "attention":
             text += attention_section(spec, rows, out)
+        elif kind == "gain_by_sparsity":  # combines runs: each short model against its reference (lengthgen.gain)
+            text += gain_section(spec, rows, agg, out)
     (out / "report.md").write_text("\n".join(text))
     return out / "report.md"
 

@@ -69,8 +69,11 @@ def write_timing(path: Path, results: list[dict]) -> None:
 
 def eval_settings(job: Job, cfg) -> dict:
     """What a run's evaluation depends on beyond its config; recorded in eval.done."""
-    return {"samples": job.samples or cfg.eval.samples, "lengths": parse_lengths(cfg.eval.lengths),
-            "stops": job.stops, "per_step": job.per_step}
+    settings = {"samples": job.samples or cfg.eval.samples, "lengths": parse_lengths(cfg.eval.lengths),
+                "stops": job.stops, "per_step": job.per_step}
+    if cfg.eval.token_contexts:  # the per-token files too (their settings are the run's config, checked apart)
+        settings["token_files"] = ["token_loss.csv"] + (["dependence.csv"] if cfg.eval.dependence else [])
+    return settings
 
 
 def evaluation_current(folder: Path, settings: dict) -> bool:
@@ -82,6 +85,8 @@ def evaluation_current(folder: Path, settings: dict) -> bool:
             return False  # "ok" from before settings were recorded is not JSON: evaluated again
         if settings["per_step"]:
             read_per_step(folder / "per_step.csv")
+        if not all((folder / name).is_file() for name in settings.get("token_files", [])):
+            return False
         return bool(read_rows(folder / "eval.csv"))
     except (OSError, ValueError, UserError):  # missing or unreadable
         return False

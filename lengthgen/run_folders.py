@@ -29,7 +29,7 @@ from .errors import UserError
 # trackers' folders), evaluation (eval.csv and what sits beside it) and a report written into it.
 RUN_NAMES = {"config.toml", "metrics.jsonl", "checkpoints", "tokenizer.json", "tensorboard", "wandb",
              "series.json", "eval.csv", "eval.csv.unreadable", "eval.done", "per_step.csv", "position_loss.csv",
-             "report.md", "results.csv"}
+             "token_loss.csv", "dependence.csv", "token_eval.json", "report.md", "results.csv"}
 CHECKPOINT_NAME = re.compile(r"step_\d{8}|latest")
 SECTIONS = {"method", "task", "model", "train", "eval"}  # a lengthgen config's top-level keys
 # What a training killed before its first checkpoint leaves: no result, so it may start afresh.

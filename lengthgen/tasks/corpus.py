@@ -19,6 +19,12 @@ Sources (`source`, with `path` to point at a local copy):
   (`pip install 'lengthgen[lm]'`, needs internet once), or `path` = a folder in the
   hub's layout (`wikitext-103-raw-v1/{train,validation,test}-*.parquet`); its own
   splits; an article starts at each top-level heading line ` = Title = `.
+- `c4`: C4 (`allenai/c4`, config `en`, Raffel et al. 2020) streamed through `datasets`, or
+  `path` = a folder in the hub's layout (`en/c4-{train,validation}.*.json.gz`). C4 has no
+  test split: its train split is ours, and its validation documents go to our validation
+  or test split by a fixed rule on their index (`c4_split_of`), half each.
+`max_documents` (any source) keeps the first that many documents of each split (0 = all):
+C4's 365 M training documents are streamed only as far as that.
 
 Tokenizers: `bytes` (UTF-8 bytes, id = byte + 3 after the three specials; no
 vocabulary to download) or `bpe` (byte-level BPE of `vocab_size` tokens trained
@@ -30,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -41,12 +48,13 @@ import numpy as np
 from .base import EOS, MAX_VOCAB, SPECIALS
 
 SPLITS = ("train", "validation", "test")
-SOURCES = ("python-docs", "files", "wikitext-103")
+SOURCES = ("python-docs", "files", "wikitext-103", "c4")
 TOKENIZERS = ("bytes", "bpe")
 SUFFIXES = {"python-docs": (".rst", ".rst.txt"), "files": (".txt", ".rst", ".md")}
 DOCS_GLOB = "/usr/share/doc/python3.*/html/_sources"
 WIKITEXT_HUB = "Salesforce/wikitext"
 WIKITEXT_DIR = "wikitext-103-raw-v1"
+C4_HUB, C4_CONFIG = "allenai/c4", "en"
 FORMAT = 2  # bump when the token files' layout changes: old caches are then rebuilt (2: sizes and digests)
 
 
@@ -112,6 +120,27 @@ def wikitext_split(split: str, path: str = ""):
     return load_dataset(where, data_dir=WIKITEXT_DIR, split=split)["text"]
 
 
+def c4_split_of(index: int) -> str:
+    """Our split of the C4 validation document at `index`: the first two bytes of the SHA-256 of
+    the index, mod 100, below 50 -> validation, else test (fixed, like `split_of`)."""
+    bucket = int.from_bytes(hashlib.sha256(f"c4-validation/{index}".encode()).digest()[:2], "big") % 100
+    return "validation" if bucket < 50 else "test"
+
+
+def c4_texts(split: str, path: str = ""):
+    """The texts of one C4 split (train or validation), streamed from the hub or a local copy."""
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise CorpusError("the c4 corpus needs Hugging Face datasets: pip install 'lengthgen[lm]'") from None
+    if not path:
+        return (r["text"] for r in load_dataset(C4_HUB, C4_CONFIG, split=split, streaming=True))
+    files = sorted(glob.glob(str(Path(path).expanduser() / C4_CONFIG / f"c4-{split}.*.json.gz")))
+    if not files:
+        raise CorpusError(f"corpus folder {path} holds no {C4_CONFIG}/c4-{split}.*.json.gz files (the hub's layout)")
+    return (r["text"] for r in load_dataset("json", data_files={split: files}, split=split, streaming=True))
+
+
 CHECKED: set[Path] = set()  # token folders this process has checked (once each)
 
 
@@ -152,7 +181,8 @@ def cache_damage(folder: Path) -> str | None:
 class Corpus:
     """Documents of one source, split, tokenized once into memory-mapped token files."""
 
-    def __init__(self, source: str = "python-docs", path: str = "", tokenizer: str = "bytes", vocab_size: int = 0):
+    def __init__(self, source: str = "python-docs", path: str = "", tokenizer: str = "bytes", vocab_size: int = 0,
+                 max_documents: int = 0):
         if source not in SOURCES:
             raise ValueError(f"unknown corpus source {source!r}; choose from {', '.join(SOURCES)}")
         if tokenizer not in TOKENIZERS:
@@ -166,7 +196,10 @@ class Corpus:
         if tokenizer == "bpe" and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
                                    or not 512 <= vocab_size <= MAX_VOCAB):
             raise ValueError(f"tokenizer 'bpe' needs vocab_size, an integer in [512, {MAX_VOCAB}], got {vocab_size!r}")
+        if isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 0:
+            raise ValueError(f"max_documents must be an integer >= 0 (0 = all), got {max_documents!r}")
         self.source, self.path, self.tokenizer, self.vocab_size_asked = source, path, tokenizer, vocab_size
+        self.max_documents = max_documents
         self._memmaps: dict[str, np.memmap] = {}
 
     # -- documents -----------------------------------------------------------------------
@@ -174,26 +207,36 @@ class Corpus:
         return Path(self.path).expanduser().resolve() if self.path else python_docs_folder()
 
     def documents(self, split: str) -> list[tuple[str, str]]:
-        """(name, text) of every document of `split`, in name order."""
+        """(name, text) of every document of `split`, in name order (the first max_documents)."""
+        cap = self.max_documents or None
         if self.source == "wikitext-103":
-            return [(f"{split}/{i:06d}", text) for i, text in enumerate(wikitext_articles(wikitext_split(split, self.path)))]
+            return [(f"{split}/{i:06d}", text) for i, text in enumerate(wikitext_articles(wikitext_split(split, self.path)))][:cap]
+        if self.source == "c4":
+            if split == "train":
+                return [(f"train/{i:09d}", t) for i, t in enumerate(itertools.islice(c4_texts("train", self.path), cap))]
+            mine = ((f"validation/{i:09d}", t) for i, t in enumerate(c4_texts("validation", self.path))
+                    if c4_split_of(i) == split)
+            return list(itertools.islice(mine, cap))
         root = self.folder()
         docs = []
         for file in folder_documents(root, SUFFIXES[self.source]):
             name = file.relative_to(root).as_posix()
             if split_of(name) == split:
                 docs.append((name, file.read_text(encoding="utf-8", errors="replace")))
-        return docs
+        return docs[:cap]
 
     def key(self) -> str:
         """A folder name that changes when the documents would: the source, its folder and the
         name, size and mtime of every file in it (WikiText: the hub name or folder)."""
-        if self.source == "wikitext-103":
-            ident = [self.source, str(Path(self.path).resolve()) if self.path else WIKITEXT_HUB]
+        if self.source in ("wikitext-103", "c4"):
+            hub = WIKITEXT_HUB if self.source == "wikitext-103" else f"{C4_HUB}/{C4_CONFIG}"
+            ident = [self.source, str(Path(self.path).resolve()) if self.path else hub]
         else:
             root = self.folder()
             ident = [self.source, str(root)] + [f"{p.relative_to(root)}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
                                                 for p in folder_documents(root, SUFFIXES[self.source])]
+        if self.max_documents:  # only when set: the caches of corpora read whole keep their names
+            ident.append(f"max_documents={self.max_documents}")
         return f"{self.source}-{hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:12]}"
 
     def tokens_folder(self) -> Path:

@@ -11,8 +11,8 @@ test split in consecutive non-overlapping windows instead, every test token
 once per window size, and reports perplexity and the loss at each position of
 the window.
 
-Options: `source` (python-docs, files, wikitext-103), `path`, `tokenizer`
-(bytes, bpe) and `vocab_size` (bpe), as in lengthgen.tasks.corpus.
+Options: `source` (python-docs, files, wikitext-103, c4), `path`, `tokenizer`
+(bytes, bpe), `vocab_size` (bpe) and `max_documents`, as in lengthgen.tasks.corpus.
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ class Text(Task):
     metric_names = ("perplexity", "loss")
     language_model = True  # evaluated by perplexity on the test split (lengthgen.lm), not on samples
 
-    def __init__(self, *, source: str = "python-docs", path: str = "", tokenizer: str = "bytes", vocab_size: int = 0):
-        self.corpus = Corpus(source, path, tokenizer, vocab_size)
+    def __init__(self, *, source: str = "python-docs", path: str = "", tokenizer: str = "bytes", vocab_size: int = 0,
+                 max_documents: int = 0):
+        self.corpus = Corpus(source, path, tokenizer, vocab_size, max_documents)
 
     @property
     def vocab(self) -> tuple[str, ...]:  # token ids only; text goes through the corpus's tokenizer
