@@ -1,21 +1,44 @@
 """Config loading: presets, overrides, and one-line errors that name the key."""
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from lengthgen import config, grid, presets
 from lengthgen.errors import ConfigError
+from lengthgen.tasks.corpus import HUB_SOURCES, Corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p for p in ROOT.glob("experiments/**/*.toml") if p.name != "grid.toml")
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def hub_corpus(preset: Path) -> bool:
+    return tomllib.loads(preset.read_text()).get("task", {}).get("options", {}).get("source") in HUB_SOURCES
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if not hub_corpus(p)], ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_preset_loads(preset):
     cfg = presets.load(preset)
     assert cfg.task.train_max >= cfg.task.train_min
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if hub_corpus(p)], ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_preset_on_a_hub_corpus_without_network_is_one_line(preset, tmp_path, monkeypatch):
+    """The corpus is built at validation, before any folder: with the hub unreachable (here: made so)
+    that is one line naming the corpus and the way out. The presets themselves load on local copies
+    in tests/test_sparsity_lm.py."""
+    monkeypatch.setenv("LENGTHGEN_DATA", str(tmp_path))
+
+    def unreachable(self, split):
+        raise ConnectionError(f"Couldn't reach '{self.source}' on the Hub (LocalEntryNotFoundError)\nmore")
+
+    monkeypatch.setattr(Corpus, "hub_documents", unreachable)
+    with pytest.raises(ConfigError) as err:
+        presets.load(preset)
+    line = str(err.value)
+    assert "\n" not in line and "Couldn't reach" in line and "task.options.path" in line
 
 
 @pytest.mark.slow
@@ -27,6 +50,8 @@ def test_every_run_of_every_grid_loads(paper):
     for scale in g.scales:
         spec = g.resolved(scale)
         for task in spec["tasks"]:
+            if hub_corpus(g.preset(scale, task)):  # needs the network; loaded on local copies in test_sparsity_lm.py
+                continue
             configs = {}
             for arm in g.arms_of(scale, task):
                 for values in grid.combinations(g.axes(scale, task)):

@@ -141,6 +141,7 @@ def c4_texts(split: str, path: str = ""):
     return (r["text"] for r in load_dataset("json", data_files={split: files}, split=split, streaming=True))
 
 
+HUB_SOURCES = ("wikitext-103", "c4")  # read through Hugging Face datasets
 CHECKED: set[Path] = set()  # token folders this process has checked (once each)
 
 
@@ -208,6 +209,20 @@ class Corpus:
 
     def documents(self, split: str) -> list[tuple[str, str]]:
         """(name, text) of every document of `split`, in name order (the first max_documents)."""
+        if self.source not in HUB_SOURCES:
+            return self.local_documents(split)
+        try:
+            return self.hub_documents(split)
+        except CorpusError:
+            raise
+        except Exception as err:  # the hub unreachable or a local copy unreadable: one line, not a traceback
+            where = f"the local copy {self.path}" if self.path else "the Hugging Face hub"
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CorpusError(f"could not read the {self.source} corpus ({split}) from {where}: {first}; "
+                              "run once with network access, or set task.options.path to a local copy in the "
+                              "hub's layout") from None
+
+    def hub_documents(self, split: str) -> list[tuple[str, str]]:
         cap = self.max_documents or None
         if self.source == "wikitext-103":
             return [(f"{split}/{i:06d}", text) for i, text in enumerate(wikitext_articles(wikitext_split(split, self.path)))][:cap]
@@ -217,6 +232,10 @@ class Corpus:
             mine = ((f"validation/{i:09d}", t) for i, t in enumerate(c4_texts("validation", self.path))
                     if c4_split_of(i) == split)
             return list(itertools.islice(mine, cap))
+        raise CorpusError(f"{self.source} is not a corpus of the hub")
+
+    def local_documents(self, split: str) -> list[tuple[str, str]]:
+        cap = self.max_documents or None
         root = self.folder()
         docs = []
         for file in folder_documents(root, SUFFIXES[self.source]):
