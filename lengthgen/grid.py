@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import _hint, flat, read, to_dict, toml_value, tomllib
+from .config import PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, read, to_dict, toml_value, tomllib
 from .errors import UserError
 from .methods import get_method
 from .presets import load
@@ -53,9 +53,6 @@ ARM_KEYS = {"set": dict, "multiply": dict, "stops": list, "per_step": bool, "def
 TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict, "only": list}
 REPORT_KEYS = {"summary": list, "summary_metric": str, "figures": list, "tables": list}
 TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
-RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to"}  # how a run executes, not what it computes
-# set per run by the grid itself (--seeds, --threads): a --set of these would be overridden
-PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
 # config keys every eval.csv row names in a column of its own: not repeated as labels
 OWN_COLUMNS = {"method", "task.name", "model.position"}
 SAFE = re.compile(r"[A-Za-z0-9._+-]+")  # what an axis value may be, spelt in a folder name

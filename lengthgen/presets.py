@@ -13,9 +13,9 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from .config import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED,
-                     MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS,
-                     Config, _hint, from_data, parse_lengths, read)
+from .config import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS,
+                     MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS,
+                     Config, Dependence, _hint, from_data, parse_lengths, read)
 from .errors import ConfigError
 from .methods import METHODS, get_method
 from .positions import SCHEMES, PositionalScheme
@@ -234,9 +234,7 @@ def check_finite_set(cfg: Config) -> None:
 def check_token_eval(cfg: Config) -> None:
     """eval.token_*: contexts of a language-model task, read by a method that takes position IDs
     and has no stop rules, within a position table; eval.dependence: two contexts at least, options
-    of lengthgen.dependence.Dependence."""
-    from .dependence import Dependence
-
+    of lengthgen.config.Dependence."""
     ev, m = cfg.eval, cfg.model
     contexts = ev.token_contexts
     check(all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_LENGTH for c in contexts)

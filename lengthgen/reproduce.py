@@ -29,10 +29,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from . import grid as grids
-from .config import flat, parse_lengths, parse_override, to_dict
+from .config import PER_RUN_KEYS, RUNTIME_KEYS, flat, parse_lengths, parse_override, to_dict
 from .errors import UserError
 from .evaluate import LABELS
-from .grid import PER_RUN_KEYS, RUNTIME_KEYS, Job
+from .grid import Job
 from .presets import load
 from .run_folders import OutLock, check_overwritable, unstarted
 

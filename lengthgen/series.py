@@ -19,10 +19,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from .config import flat, read, to_dict
+from .config import PER_RUN_KEYS, RUNTIME_KEYS, flat, read, to_dict
 from .errors import ConfigError, UserError
 from .evaluate import BOOKKEEPING, cell, read_per_step, read_rows, metric_names
-from .grid import PER_RUN_KEYS, RUNTIME_KEYS
 
 KEYS = ("task", "arm", "method", "position", "stop")  # columns every row has that tell series apart
 STEP_VALUES = ("iteration", "accuracy", "confidence", "oracle_step")  # per_step.csv's measured columns
