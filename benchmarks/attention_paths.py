@@ -1,7 +1,7 @@
 """Causal attention on CPU: torch's SDPA kernel vs `math_causal_attention`
 (baddbmm with the mask and scale folded in, float32 softmax), forward + backward,
 fp32 and bf16, at the looped models' shapes. It decides which path
-`lengthgen.attention` takes on CPU (`use_math_attention`).
+`lengthgen.model.attention` takes on CPU (`use_math_attention`).
 
 A second table checks the softmax inside the bf16 path: float32 softmax with
 the casts to and from bf16 (what `math_causal_attention` does) against a
@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lengthgen.attention import math_causal_attention
-from lengthgen.devices import native_bf16
+from lengthgen.model.attention import math_causal_attention
+from lengthgen.runtime.devices import native_bf16
 
 SHAPES = {  # (batch, heads, length, head dim)
     "parity paper (64 heads of 4)": (64, 64, 22, 4),

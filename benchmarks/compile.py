@@ -1,7 +1,7 @@
 """Compiled blocks (train.compile) against eager ones, training steps side by side in one run.
 
 For each preset: two copies of the model with the same weights, one with its blocks compiled as
-`train.compile` compiles them (lengthgen.compiling), take turns on the same batches (drawn as
+`train.compile` compiles them (lengthgen.model.compiling), take turns on the same batches (drawn as
 training draws them at the preset's longest training length, lengths mixed as its
 `length_sampling` says). Reported: the median step after --warmup steps of each, the seconds
 the compiled copy's first steps took beyond the eager copy's (the compilation), the graphs
@@ -21,11 +21,13 @@ from pathlib import Path
 import lengthgen  # noqa: F401  (the thread wait policy, before torch loads)
 import torch
 
-from lengthgen import compiling, presets
-from lengthgen.methods import get_method
+from lengthgen.model import compiling
+
+from lengthgen.config import presets
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import task_of
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.train import decay_params
+from lengthgen.training.trainer import decay_params
 
 ROOT = Path(__file__).resolve().parent.parent / "experiments"
 CASES = {  # name: (preset, overrides)

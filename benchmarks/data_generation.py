@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from lengthgen import presets
-from lengthgen.methods import get_method
+from lengthgen.config import presets
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import TASKS, get_task
-from lengthgen.train import decay_params, sample_batch
+from lengthgen.training.trainer import decay_params, sample_batch
 
 
 def best_time(fn, repeats: int) -> float:

@@ -18,8 +18,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from looped_speed import PAPER, build, matmul_peak, train_step
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.devices import native_bf16
-from lengthgen.train import decay_params
+from lengthgen.runtime.devices import native_bf16
+from lengthgen.training.trainer import decay_params
 
 
 def main() -> None:

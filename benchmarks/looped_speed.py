@@ -2,7 +2,7 @@
 and model FLOP utilisation (MFU) of a paper-scale looped training step.
 
 "prefix" runs each sample only for its own T_i iterations and only over its own
-width (rows packed into one token array, lengthgen.attention.Packed);
+width (rows packed into one token array, lengthgen.model.attention.Packed);
 "prefix-padded" is the same without packing (every row at the batch's widest
 width); "max" runs every sample for the batch's largest T at full width.
 
@@ -18,13 +18,13 @@ times drift:
    FLOPs of one prefix-scheme step (counted by torch's FlopCounterMode: the work the
    objective needs) / step time / peak matmul FLOP/s. For the max scheme the same
    useful FLOPs are divided by its (longer) step time.
-   bf16 is timed only where the CPU has it natively (lengthgen.devices.native_bf16):
+   bf16 is timed only where the CPU has it natively (lengthgen.runtime.devices.native_bf16):
    elsewhere it runs a reference kernel hundreds of times slower, and training refuses it.
 
     python benchmarks/looped_speed.py [--steps 10] [--warmup 1] [--tasks parity,addition] [--token-multiple 64]
 
 --token-multiple 1 packs exact token counts instead of rounding them up
-(lengthgen.looped.TOKEN_MULTIPLE), to see what the rounding buys: every fresh
+(lengthgen.methods.looped.block.TOKEN_MULTIPLE), to see what the rounding buys: every fresh
 batch then brings new matmul shapes.
 """
 from __future__ import annotations
@@ -35,13 +35,15 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lengthgen import looped, presets
-from lengthgen.looped import looped_loss
-from lengthgen.methods import get_method
+from lengthgen.methods.looped import block as looped
+
+from lengthgen.config import presets
+from lengthgen.methods.looped.block import looped_loss
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import get_task
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.devices import autocast, native_bf16
-from lengthgen.train import decay_params
+from lengthgen.runtime.devices import autocast, native_bf16
+from lengthgen.training.trainer import decay_params
 
 PAPER = {"parity": (1, 64), "addition": (3, 8)}  # released block depth, heads
 

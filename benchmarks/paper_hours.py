@@ -3,7 +3,7 @@ one measured training step of each of its runs.
 
 For every distinct run of the grid's default tasks and arms (task x arm x axis values; its
 seeds share the config and the cost), the run's model is built from its config and one
-training step (sample, forward, backward, AdamW: lengthgen.train's own draw_batches and
+training step (sample, forward, backward, AdamW: lengthgen.training.trainer's own draw_batches and
 backward) is taken at the end of the curriculum, the longest training lengths, so a run with
 a curriculum is counted at its slowest step throughout (an upper bound; the looped presets
 spend under a third of their steps before the curriculum ends). That step is measured three
@@ -36,13 +36,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from lengthgen import grid as grids
-from lengthgen.distributed import MethodLoss
-from lengthgen.methods import get_method
-from lengthgen.presets import load
+from lengthgen.reproduce import grid as grids
+from lengthgen.training.distributed import MethodLoss
+from lengthgen.methods.registry import get_method
+from lengthgen.config.presets import load
 from lengthgen.tasks import get_task
-from lengthgen.train import backward, decay_params, draw_batches
-from lengthgen.transforms import build_transform
+from lengthgen.training.trainer import backward, decay_params, draw_batches
+from lengthgen.model.position_transforms import build_transform
 
 
 class OpCounter(TorchDispatchMode):

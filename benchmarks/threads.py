@@ -25,10 +25,10 @@ STEP = r"""
 import json, sys, time
 import lengthgen  # sets the wait policy (unless the environment already has one) before torch loads
 import torch
-from lengthgen import presets
-from lengthgen.methods import get_method
+from lengthgen.config import presets
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import task_of
-from lengthgen.train import decay_params
+from lengthgen.training.trainer import decay_params
 
 preset, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lengthgen.config import ModelConfig
-from lengthgen.model import Transformer
-from lengthgen.devices import pick_device
+from lengthgen.config.schema import ModelConfig
+from lengthgen.model.transformer import Transformer
+from lengthgen.runtime.devices import pick_device
 
 SCHEMES = {"rope": {"theta": 500000.0}, "nope": {}, "alibi": {}, "cope": {"npos_max": 64}, "tra": {}}
 VOCAB = 256  # byte-level, as the language-modelling experiment

@@ -11,14 +11,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from .errors import ResourceError, TrainingDiverged, UserError
+from lengthgen.errors import ResourceError, TrainingDiverged, UserError
 
 
 def cmd_tasks(args) -> None:
     import torch
 
-    from .tasks.corpus import CorpusError
-    from .tasks import TASKS, get_task
+    from lengthgen.tasks.corpus import CorpusError
+    from lengthgen.tasks import TASKS, get_task
 
     for name in TASKS:
         task = get_task(name)
@@ -33,7 +33,7 @@ def cmd_tasks(args) -> None:
 
 
 def cmd_corpus(args) -> None:
-    from .tasks.corpus import Corpus
+    from lengthgen.tasks.corpus import Corpus
 
     try:
         corpus = Corpus(args.source, args.path or "", args.tokenizer, args.vocab_size, args.max_documents)
@@ -49,9 +49,9 @@ def cmd_corpus(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from . import presets
-    from .distributed import Ranks
-    from .train import train
+    from lengthgen.config import presets
+    from lengthgen.training.distributed import Ranks
+    from lengthgen.training.trainer import train
 
     main_process = Ranks.from_env().main  # under torchrun, one process speaks for the run
     if args.resume and args.preset is None and args.out is None:
@@ -68,8 +68,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from .config import MAX_EVAL_SEED, parse_lengths, parse_override
-    from .evaluate import COLUMNS, evaluate_run, format_table, load_run, metric_names
+    from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_override
+    from lengthgen.evaluation.evaluate import COLUMNS, evaluate_run, format_table, load_run, metric_names
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
@@ -110,12 +110,12 @@ def cmd_eval(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .report import write_report
+    from lengthgen.reporting.report import write_report
 
     first = Path(args.dirs[0])
     out = Path(args.out or (first.parent if first.is_file() else first))  # RUN/eval.csv -> RUN
     command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
-    from .report import DEFAULT_LAYOUT
+    from lengthgen.reporting.report import DEFAULT_LAYOUT
     figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap] + \
         ["training_curves"] * args.curves + \
         ([{"kind": "gain_by_sparsity", "reference": args.gain_reference}] if args.gain_reference else [])
@@ -128,8 +128,8 @@ def cmd_report(args) -> None:
 
 
 def cmd_reproduce(args) -> None:
-    from .grid import describe
-    from .reproduce import reproduce
+    from lengthgen.reproduce.grid import describe
+    from lengthgen.reproduce.runner import reproduce
 
     if args.list:
         print(describe(), end="")
@@ -249,11 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lengthgen: error: {err}", file=sys.stderr)
         return err.exit_code
     except OSError as err:  # a folder it cannot write, a full disk: the path and what to do
-        from .resources import os_error_line
+        from lengthgen.runtime.resources import os_error_line
         print(f"lengthgen: error: {os_error_line(err)}", file=sys.stderr)
         return 1
     except (MemoryError, RuntimeError) as err:
-        from .resources import is_out_of_memory, oom_detail
+        from lengthgen.runtime.resources import is_out_of_memory, oom_detail
         if not is_out_of_memory(err):
             raise
         print(f"lengthgen: error: out of memory ({oom_detail(err)}): lower the batch size "

@@ -12,7 +12,7 @@ the last the sum of the two lowest bits, which needs no carry at all.
 """
 import torch
 
-from lengthgen.evaluate import eval_batches
+from lengthgen.evaluation.evaluate import eval_batches
 from run_args import open_run, predictions, right_answers
 
 SAMPLES = 2048

@@ -10,9 +10,9 @@ per-sample stopping needs), the median confidence loss at the right step and at
 iteration 1, and per iteration t <= 2 T(n) how many samples are strictly more
 confident at t than at their right step, and how many of those are wrong at t.
 """
-from lengthgen.evaluate import eval_generator
-from lengthgen.looped import per_sample_steps
-from lengthgen.stop_passes import trace
+from lengthgen.evaluation.evaluate import eval_generator
+from lengthgen.methods.looped.block import per_sample_steps
+from lengthgen.methods.looped.stop_passes import trace
 from run_args import open_run
 
 folder, lengths, cfg, task, method, model = open_run("confidence_ranks", [12, 24], looped=True)

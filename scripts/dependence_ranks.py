@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lengthgen.dependence import (DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, measure, read_dependence, read_token_losses,
+from lengthgen.evaluation.dependence import (DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, measure, read_dependence, read_token_losses,
                                   write_cost, write_dependence)
-from lengthgen.evaluate import read_labels, read_rows, with_labels, write_rows
+from lengthgen.evaluation.evaluate import read_labels, read_rows, with_labels, write_rows
 from run_args import open_run
 
 

@@ -5,7 +5,7 @@
 The model is frozen. Four probes are fitted on its states at the training lengths, labelled
 "done" at every iteration t >= T(n) (up to T(n) + 4), and each is then used as a stop rule:
 
-- mlp:        the probe of `looped-halt-probe` (lengthgen.halting.fit_probe_on_lengths), an MLP
+- mlp:        the probe of `looped-halt-probe` (lengthgen.methods.looped.halting.fit_probe_on_lengths), an MLP
               on the mean state over the answer and over the question;
 - linear:     a linear probe on the same features;
 - mlp+change: the MLP on those features and on their change since the previous iteration;
@@ -27,11 +27,11 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from lengthgen.evaluate import eval_batches
-from lengthgen.halting import PROBE_EXTRA, PROBE_SAMPLES, fit_probe_on_lengths, probe_data, train_probe
-from lengthgen.looped import per_sample_steps
-from lengthgen.stop_passes import start_blanked, trace
-from lengthgen.stopping import default_t_max
+from lengthgen.evaluation.evaluate import eval_batches
+from lengthgen.methods.looped.halting import PROBE_EXTRA, PROBE_SAMPLES, fit_probe_on_lengths, probe_data, train_probe
+from lengthgen.methods.looped.block import per_sample_steps
+from lengthgen.methods.looped.stop_passes import start_blanked, trace
+from lengthgen.methods.looped.stop_rules import default_t_max
 from run_args import open_run
 
 PROBES = ("mlp", "linear", "mlp+change", "token-min")

@@ -13,7 +13,7 @@ decoding for ntp.
 """
 import torch
 
-from lengthgen.evaluate import eval_batches
+from lengthgen.evaluation.evaluate import eval_batches
 from run_args import open_run, right_answers
 
 A_VALUES = ("0", "1", "00", "01", "10", "11")

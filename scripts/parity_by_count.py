@@ -6,7 +6,7 @@ A model that has learned a length-general parity algorithm is right on every
 count; one that maps counts seen in training to their parity fails exactly on
 the counts it rarely or never saw.
 """
-from lengthgen.evaluate import eval_generator
+from lengthgen.evaluation.evaluate import eval_generator
 from run_args import open_run, right_answers
 
 folder, lengths, cfg, task, method, model = open_run("parity_by_count", [12, 16], task="parity")

@@ -4,10 +4,10 @@ import sys
 
 import torch
 
-from lengthgen.config import MAX_LENGTH, TABLE_POSITIONS
-from lengthgen.presets import longest_sequence
+from lengthgen.config.schema import MAX_LENGTH, TABLE_POSITIONS
+from lengthgen.config.presets import longest_sequence
 from lengthgen.errors import UserError
-from lengthgen.evaluate import load_run
+from lengthgen.evaluation.evaluate import load_run
 from lengthgen.tasks import score
 
 

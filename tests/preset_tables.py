@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lengthgen import config, presets
-from lengthgen.config import tomllib
+from lengthgen.config import schema as config
+
+from lengthgen.config import presets
+from lengthgen.config.schema import tomllib
 
 BOOKKEEPING = {"train.log_interval", "train.checkpoint_interval"}  # logging, not the experiment
 

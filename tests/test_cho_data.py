@@ -11,10 +11,10 @@ from fractions import Fraction
 import pytest
 import torch
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.errors import ConfigError
 from lengthgen.tasks import EOS, IGNORE, get_task
-from lengthgen.transforms import build_transform
+from lengthgen.model.position_transforms import build_transform
 
 
 def operand_law(low: int, high: int) -> tuple[Fraction, Fraction]:

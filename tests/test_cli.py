@@ -98,7 +98,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 
 def test_report_statistics():
-    from lengthgen.series import aggregate, mean_stderr
+    from lengthgen.reporting.series import aggregate, mean_stderr
 
     mean, err = mean_stderr([0.2, 0.4, 0.9])
     assert mean == pytest.approx(0.5)
@@ -116,8 +116,8 @@ def test_report_statistics():
 
 
 def test_report_summary_picks_lengths_at_multiples_of_train_max():
-    from lengthgen.report import summary
-    from lengthgen.series import aggregate, at_multiple
+    from lengthgen.reporting.report import summary
+    from lengthgen.reporting.series import aggregate, at_multiple
 
     assert at_multiple([4, 7, 8, 10, 12], 5, 1.5) == 8 and at_multiple([4, 7, 8, 10, 12], 5, 2) == 10
     assert at_multiple([4, 7], 5, 2) is None
@@ -131,7 +131,7 @@ def test_report_summary_picks_lengths_at_multiples_of_train_max():
 
 
 def test_plot_gives_each_series_one_colour_in_every_panel():
-    from lengthgen.series import aggregate, series_colors
+    from lengthgen.reporting.series import aggregate, series_colors
 
     base = {"task": "copy", "arm": "", "position": "nope", "stop": "", "seed": 0, "length": 4, "n": 8,
             "accuracy": 1.0, "token_accuracy": 1.0, "stop_step": 1.0, "train_max": 4, "baseline": 0.5, "step": 1}
@@ -143,7 +143,7 @@ def test_plot_gives_each_series_one_colour_in_every_panel():
     assert series_colors(agg[::-1]) == colors  # independent of the row order
     # split into panels by a swept option, one task's series lose that column and the other's keep
     # it empty: different keys, one legend name per arm, so one colour per arm
-    from lengthgen.figures import split_panels
+    from lengthgen.reporting.figures import split_panels
 
     arms, _ = split_panels(aggregate([{**base, "task": t, "method": "ntp", "arm": arm, "k": k}
                                       for t, k in (("copy", ""), ("parity", "3")) for arm in ("a", "b")]), "k", {})
@@ -190,7 +190,7 @@ def test_eval_stop_rules_and_per_step(tmp_path, capsys):
 
 
 def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):
-    from lengthgen.evaluate import eval_batches
+    from lengthgen.evaluation.evaluate import eval_batches
     from lengthgen.tasks import Batch, get_task
 
     task = get_task("multiplication")  # widths differ between samples, so batches pad differently
@@ -243,7 +243,7 @@ def test_eval_csv_keeps_only_rows_of_the_evaluated_checkpoint(tiny_run, capsys):
 
 
 def test_eval_refuses_an_unreadable_eval_csv_before_evaluating(tiny_run, capsys, monkeypatch):
-    import lengthgen.evaluate as evaluate
+    import lengthgen.evaluation.evaluate as evaluate
 
     (tiny_run / "eval.csv").write_text(",".join(evaluate.COLUMNS) + "\nrun,parity,ntp\n")
     monkeypatch.setattr(evaluate, "rules_at", lambda *a, **k: pytest.fail("evaluated before reading eval.csv"))

@@ -9,9 +9,11 @@ import json
 import pytest
 import torch
 
-from lengthgen import compiling, presets
-from lengthgen.evaluate import evaluate_run
-from lengthgen.train import train
+from lengthgen.model import compiling
+
+from lengthgen.config import presets
+from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.training.trainer import train
 
 pytestmark = pytest.mark.slow  # each compilation takes seconds
 
@@ -70,11 +72,11 @@ def test_a_failed_compilation_falls_back_to_eager_with_a_note(tmp_path, capsys, 
 
     torch._dynamo.reset()
     monkeypatch.setattr(compiling, "compile_blocks", with_failing_backend)
-    monkeypatch.setattr("lengthgen.train.compile_blocks", with_failing_backend)
+    monkeypatch.setattr("lengthgen.training.trainer.compile_blocks", with_failing_backend)
     sets = PATHS["ntp"]
     compiled, _ = run(tmp_path / "compiled", *sets, "train.compile=true")
     err = capsys.readouterr().err
     assert "train.compile: compiling failed (BackendCompilerFailed" in err and "running eagerly" in err
-    monkeypatch.setattr("lengthgen.train.compile_blocks", real)
+    monkeypatch.setattr("lengthgen.training.trainer.compile_blocks", real)
     eager, _ = run(tmp_path / "eager", *sets)
     assert [r["loss"] for r in eager] == pytest.approx([r["loss"] for r in compiled], rel=1e-6)

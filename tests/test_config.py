@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen import config, grid, presets
+from lengthgen.config import schema as config
+
+from lengthgen.reproduce import grid
+
+from lengthgen.config import presets
 from lengthgen.errors import ConfigError
 from lengthgen.tasks.corpus import HUB_SOURCES, Corpus
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import attention
-from lengthgen.attention import cope_attention, tra_attention
-from lengthgen.config import ModelConfig
-from lengthgen.model import Transformer
+from lengthgen.model import attention
+from lengthgen.model.attention import cope_attention, tra_attention
+from lengthgen.config.schema import ModelConfig
+from lengthgen.model.transformer import Transformer
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

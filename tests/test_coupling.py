@@ -7,7 +7,7 @@ import torch
 
 from lengthgen.tasks import IGNORE, get_task
 from task_checks import check_layout
-from lengthgen.transforms import build_transform
+from lengthgen.model.position_transforms import build_transform
 
 
 def addition_ids(question: str, answer: str) -> list[int]:

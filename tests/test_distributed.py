@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import presets
-from lengthgen.distributed import Ranks, shard_seed
+from lengthgen.config import presets
+from lengthgen.training.distributed import Ranks, shard_seed
 from lengthgen.errors import UserError
 from lengthgen.tasks import get_task
-from lengthgen.train import draw_batches, sample_batch, train
-from lengthgen.transforms import build_transform
+from lengthgen.training.trainer import draw_batches, sample_batch, train
+from lengthgen.model.position_transforms import build_transform
 
 # dropout and EMA on: each shard's dropout masks and the averaged weights must match too; no clipping,
 # which would hide the scale of the gradients (the Adam moments below compare it)

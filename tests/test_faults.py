@@ -24,10 +24,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen.checkpoint import latest
+from lengthgen.runtime.checkpoint import latest
 from lengthgen.cli import main
-from lengthgen.evaluate import read_rows
-from lengthgen.run_folders import unstarted
+from lengthgen.evaluation.evaluate import read_rows
+from lengthgen.runtime.run_folders import unstarted
 from tiny_runs import TINY, error_lines, one_line_error, train_cli
 
 GIB = 2 ** 30

@@ -8,11 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import checkpoint, presets
+from lengthgen.runtime import checkpoint
+
+from lengthgen.config import presets
 from lengthgen.errors import ConfigError
-from lengthgen.finite_set import FiniteSet, training_set
+from lengthgen.training.finite_set import FiniteSet, training_set
 from lengthgen.tasks import get_task
-from lengthgen.train import train
+from lengthgen.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

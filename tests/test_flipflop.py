@@ -3,7 +3,7 @@ its layout (scored inside the sequence), its distributions and its own metrics."
 import pytest
 import torch
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.tasks import IGNORE, PAD, get_task
 
 from task_checks import solve_flipflop

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lengthgen.config import ModelConfig
-from lengthgen.generate import generate_answers, greedy
-from lengthgen.transforms import base_ids
-from lengthgen.model import Transformer
+from lengthgen.config.schema import ModelConfig
+from lengthgen.model.generate import generate_answers, greedy
+from lengthgen.model.position_transforms import base_ids
+from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import get_task
 
 

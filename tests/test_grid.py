@@ -1,23 +1,20 @@
 """Reproductions as data: a toy paper declared in a temporary folder runs end to end with
 no code change, its report keeps the axis values apart, and bad grids are one-line errors.
-Also: the import graph has no cycle, and the code that runs grids names no paper, task or method."""
+(The import graph and the code's names: tests/test_architecture.py.)"""
 from __future__ import annotations
 
-import ast
 import csv
 from pathlib import Path
 
 import pytest
 
-from lengthgen import grid as grids
+from lengthgen.reproduce import grid as grids
 from lengthgen.cli import main
 from lengthgen.errors import UserError
-from lengthgen.methods import METHODS
-from lengthgen.series import aggregate, collect
-from lengthgen.reproduce import reproduce
+from lengthgen.methods.registry import METHODS
+from lengthgen.reporting.series import aggregate, collect
+from lengthgen.reproduce.runner import reproduce
 from lengthgen.tasks import TASKS
-
-PACKAGE = Path(__file__).resolve().parents[1] / "lengthgen"
 
 PRESET = """
 method = "ntp"
@@ -213,63 +210,6 @@ def test_unknown_paper_scale_task_and_arm(tmp_path, capsys):
         assert main(["reproduce", *args, "--out", str(tmp_path / "out")]) == 2
         assert needle in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
-
-
-# --- the code's shape -----------------------------------------------------------------
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(path: Path) -> set[str]:
-    """Every lengthgen module `path` imports, at the top or inside a function."""
-    package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            target = ".".join(base + (node.module.split(".") if node.module else []))
-            if not target.startswith("lengthgen"):
-                continue
-            for alias in node.names:  # `from . import checkpoint` imports a module
-                sub = f"{target}.{alias.name}"
-                found.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists() else target)
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("lengthgen")}
-    return found
-
-
-def test_the_import_graph_has_no_cycle():
-    graph = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
-    assert "lengthgen.presets" in graph["lengthgen.checkpoint"]  # the parser sees relative imports
-    assert graph["lengthgen.config"] <= {"lengthgen.errors"}  # config is plain data, at the bottom
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1  # on the current path
-        for nxt in sorted(graph.get(node, ())):
-            assert state.get(nxt) != 1, "import cycle: " + " -> ".join(path + [nxt])
-            if nxt not in state:
-                visit(nxt, path + [nxt])
-        state[node] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-
-
-def test_the_code_that_runs_grids_names_no_paper_task_or_method():
-    names = set(TASKS) | set(METHODS) | set(grids.papers())
-    for file in ("grid.py", "reproduce.py", "evaluate.py", "series.py", "figures.py", "report.py", "train.py",
-                 "presets.py", "cli.py"):
-        tree = ast.parse((PACKAGE / file).read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
-                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-        named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                 and id(n) not in docstrings} & names
-        assert not named, f"lengthgen/{file} names {sorted(named)}"
 
 
 def test_a_grid_error_names_its_file(tmp_path):

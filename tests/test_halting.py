@@ -6,10 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import halting, presets, stop_passes, stopping
+from lengthgen.methods.looped import halting
+
+from lengthgen.config import presets
+
+from lengthgen.methods.looped import stop_passes
+
+from lengthgen.methods.looped import stop_rules as stopping
 from lengthgen.errors import UserError
-from lengthgen.looped import looped_loss, per_sample_steps
-from lengthgen.methods import get_method
+from lengthgen.methods.looped.block import looped_loss, per_sample_steps
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import get_task
 from test_looped import mixed_batch
 from test_stop_rules import Scripted, scripted_case
@@ -188,8 +194,8 @@ def test_halt_needs_a_halting_head(tmp_path):
 
 
 def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
-    from lengthgen.evaluate import evaluate_run
-    from lengthgen.train import train
+    from lengthgen.evaluation.evaluate import evaluate_run
+    from lengthgen.training.trainer import train
     cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_max=3", "model.n_layer=1",
                               "model.d_model=16", "model.n_head=2", "train.steps=2", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
@@ -199,8 +205,8 @@ def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
 
 def train_tiny_parity(folder, method, steps, warmup):
     """(task, method, model) of a tiny Parity run on lengths up to 6, trained into `folder`."""
-    from lengthgen.evaluate import load_run
-    from lengthgen.train import train
+    from lengthgen.evaluation.evaluate import load_run
+    from lengthgen.training.trainer import train
     cfg = presets.load(None, [
         f"method={method}", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
         "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "train.lr=1e-3",
@@ -217,7 +223,7 @@ def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
     """A tiny Parity run: the halting head must fire at T(n) on the training lengths, so the
     rule reads out what the oracle reads out (whether the answer itself is learnt yet is
     test_looped_learns_parity's question)."""
-    from lengthgen.evaluate import eval_batches
+    from lengthgen.evaluation.evaluate import eval_batches
     task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt", 600, 20)
     for n in (2, 4, 6):
         batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
@@ -230,7 +236,7 @@ def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
 @pytest.mark.slow
 def test_looped_clock_learns_to_stop_at_t_n(tmp_path):
     """The clock must read T(n) at the training lengths of a tiny Parity run."""
-    from lengthgen.evaluate import eval_batches
+    from lengthgen.evaluation.evaluate import eval_batches
     task, method, model = train_tiny_parity(tmp_path / "run", "looped-clock", 600, 20)
     for n in (2, 4, 6):
         batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
@@ -286,7 +292,7 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     """The same seeds with a tight clip (it scales every step): with the probe's parameters in the
     block's clipped norm, its weight decay, or a loss of its own, the weights would differ."""
     from safetensors.torch import load_file
-    from lengthgen.train import train
+    from lengthgen.training.trainer import train
     weights = {}
     for name in ("looped", "looped-halt-probe"):
         cfg = presets.load(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
@@ -306,7 +312,7 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
 def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
     """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
     training lengths (whether it does beyond them is docs/results.md's question)."""
-    from lengthgen.evaluate import eval_batches
+    from lengthgen.evaluation.evaluate import eval_batches
     task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt-probe", 1500, 50)
     for n in (2, 4, 6):
         batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
@@ -317,7 +323,7 @@ def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
 @pytest.mark.slow
 def test_probe_is_fitted_in_the_ema_weights_too(tmp_path):
     from safetensors.torch import load_file
-    from lengthgen.train import train
+    from lengthgen.training.trainer import train
     cfg = presets.load(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
                               "model.d_model=16", "model.n_head=2", "train.steps=2", "train.ema=0.9", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.cli import main
-from lengthgen.evaluate import evaluate_run, read_position_loss, read_rows
-from lengthgen.lm import perplexity_at, split_windows
-from lengthgen.methods import Method
-from lengthgen.report import write_report
+from lengthgen.evaluation.evaluate import evaluate_run, read_position_loss, read_rows
+from lengthgen.evaluation.language_model import perplexity_at, split_windows
+from lengthgen.methods.registry import Method
+from lengthgen.reporting.report import write_report
 from lengthgen.tasks import EOS, IGNORE, get_task
 from lengthgen.tasks.corpus import Corpus, CorpusError, split_of, wikitext_articles
-from lengthgen.train import train
+from lengthgen.training.trainer import train
 
 WORDS = "the of a model window token attention position length query key value layer head".split()
 

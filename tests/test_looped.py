@@ -5,11 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import methods, presets
-from lengthgen.attention import Packed
-from lengthgen.looped import LoopedTransformer, looped_loss, oracle_logits
-from lengthgen.positions import SCHEMES
-from lengthgen.methods import METHODS, get_method, pause_batch, steps_at
+from lengthgen.methods import registry as methods
+
+from lengthgen.config import presets
+from lengthgen.model.attention import Packed
+from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
+from lengthgen.model.positions import SCHEMES
+from lengthgen.methods.registry import METHODS, get_method, pause_batch, steps_at
 from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, get_task
 
 MIXED = torch.tensor([1, 5, 3, 8, 2, 5, 1])  # mixed lengths, repeats and ties in T(n)
@@ -134,13 +136,13 @@ def test_methods_registered_and_predict_shape():
 
 
 def _train_and_score(tmp_path: Path, overrides: list[str], lengths) -> list[float]:
-    from lengthgen.evaluate import accuracy_at
-    from lengthgen.train import train
+    from lengthgen.evaluation.evaluate import accuracy_at
+    from lengthgen.training.trainer import train
     cfg = presets.load(None, overrides + ["train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     task, method = get_task(cfg.task.name), get_method(cfg.method)
     model = method.build_model(cfg, task)
-    from lengthgen import checkpoint
+    from lengthgen.runtime import checkpoint
     checkpoint.load_weights(model, checkpoint.latest(tmp_path / "run") / "model.safetensors")
     model.eval()
     return [accuracy_at(task, method, model, n, 256, 256, 7, torch.device("cpu"))[0] for n in lengths]

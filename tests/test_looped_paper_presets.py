@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen import config, presets
-from lengthgen.train import curriculum_end, curriculum_max, learning_rate
+from lengthgen.config import schema as config
+
+from lengthgen.config import presets
+from lengthgen.training.trainer import curriculum_end, curriculum_max, learning_rate
 from preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen.attention import CausalSelfAttention, math_causal_attention
-from lengthgen.config import ModelConfig
-from lengthgen.looped import LoopedTransformer
-from lengthgen.model import Transformer
-from lengthgen.positions import SCHEMES, ALiBi, PositionalScheme, build_scheme
+from lengthgen.model.attention import CausalSelfAttention, math_causal_attention
+from lengthgen.config.schema import ModelConfig
+from lengthgen.methods.looped.block import LoopedTransformer
+from lengthgen.model.transformer import Transformer
+from lengthgen.model.positions import SCHEMES, ALiBi, PositionalScheme, build_scheme
 
 V = 11
 

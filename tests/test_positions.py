@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from lengthgen.config import ModelConfig
-from lengthgen.positions import (
+from lengthgen.config.schema import ModelConfig
+from lengthgen.model.positions import (
     ALiBi, LearnedPositions, PositionalScheme, RoPE, SCHEMES, SinusoidalPositions, build_scheme,
 )
 

@@ -6,14 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import presets
-from lengthgen.config import ConfigError
-from lengthgen.report import write_report
-from lengthgen.evaluate import evaluate_run, load_run
-from lengthgen.generate import generate_answers, greedy
-from lengthgen.methods import get_method, predicted_id
+from lengthgen.config import presets
+from lengthgen.config.schema import ConfigError
+from lengthgen.reporting.report import write_report
+from lengthgen.evaluation.evaluate import evaluate_run, load_run
+from lengthgen.model.generate import generate_answers, greedy
+from lengthgen.methods.registry import get_method, predicted_id
 from lengthgen.tasks import IGNORE, Batch, get_task
-from lengthgen.train import train
+from lengthgen.training.trainer import train
 
 PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", "task.train_min=1",
        "task.train_max=4", "model.position=learned", "model.max_positions=16", "model.d_model=32",

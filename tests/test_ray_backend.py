@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen import checkpoint
-from lengthgen import grid as grids
-from lengthgen import reproduce as rp
+from lengthgen.runtime import checkpoint
+from lengthgen.reproduce import grid as grids
+from lengthgen.reproduce import runner as rp
 from lengthgen.cli import main
 from lengthgen.errors import UserError
-from lengthgen.grid import Job
-from lengthgen.presets import load
-from lengthgen.ray_backend import RAY_MISSING, resources, run_on_ray
-from lengthgen.train import train
+from lengthgen.reproduce.grid import Job
+from lengthgen.config.presets import load
+from lengthgen.reproduce.ray_runner import RAY_MISSING, resources, run_on_ray
+from lengthgen.training.trainer import train
 
 PRESET = """
 method = "ntp"

@@ -11,9 +11,9 @@ import matplotlib.figure
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.evaluate import COLUMNS, PER_STEP_COLUMNS, write_csv
-from lengthgen.figures import plot
-from lengthgen.series import aggregate
+from lengthgen.evaluation.evaluate import COLUMNS, PER_STEP_COLUMNS, write_csv
+from lengthgen.reporting.figures import plot
+from lengthgen.reporting.series import aggregate
 
 ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "seed": 0, "n": 64, "accuracy": 1.0,
        "token_accuracy": 1.0, "stop_step": math.nan, "train_max": 4, "baseline": 0.5, "step": 20}
@@ -109,7 +109,7 @@ def test_training_band_covers_only_evaluated_training_lengths(tmp_path, drawn):
 
 def test_per_step_panels_keep_positional_schemes_apart(tmp_path, monkeypatch):
     """Two looped runs that differ only in position are two panels, not one averaged curve."""
-    from lengthgen import figures
+    from lengthgen.reporting import figures
 
     steps = [{**ROW, "run": p, "method": "looped", "position": p, "length": 2, "iteration": t,
               "accuracy": float(t == 2) if p == "nope" else 0.0, "confidence": 0.1, "oracle_step": 2}
@@ -121,7 +121,7 @@ def test_per_step_panels_keep_positional_schemes_apart(tmp_path, monkeypatch):
 
 
 def test_summary_reads_each_series_at_multiples_of_its_own_training_maximum():
-    from lengthgen.report import markdown, summary
+    from lengthgen.reporting.report import markdown, summary
 
     rows = [{**ROW, "run": "short", "train_max": 4, "length": n} for n in (2, 4, 6, 8, 12, 16)]
     rows += [{**ROW, "run": "long", "method": "looped", "stop": "oracle", "train_max": 8, "length": n,
@@ -134,7 +134,7 @@ def test_summary_reads_each_series_at_multiples_of_its_own_training_maximum():
 
 
 def test_the_read_out_iteration_has_its_own_summary_for_series_with_a_stop_rule(tmp_path):
-    from lengthgen.report import write_report
+    from lengthgen.reporting.report import write_report
 
     ntp = write_run(tmp_path / "ntp", lengths=(2, 4, 6, 8))
     runs = [write_run(tmp_path / f"halt-s{seed}", lengths=(2, 4, 6, 8), method="looped-halt", stop="halt", seed=seed,
@@ -147,7 +147,7 @@ def test_the_read_out_iteration_has_its_own_summary_for_series_with_a_stop_rule(
 
 def test_swept_values_order_as_numbers():
     """k = 2 before k = 10 in every table, not as text ("10" < "2")."""
-    from lengthgen.report import summary
+    from lengthgen.reporting.report import summary
 
     rows = [{**ROW, "run": "r", "length": 4, "k": k, "accuracy": 1 / int(k)} for k in ("10", "2", "4")]
     table = summary(aggregate(rows))
@@ -158,7 +158,7 @@ def test_swept_values_order_as_numbers():
 def test_a_figure_over_an_option_no_run_swept_is_skipped_with_a_note(tmp_path):
     """A grid run for some of its tasks (reproduce sparsity --tasks addition) has no k to draw over:
     the report says so instead of failing after every run has trained."""
-    from lengthgen.report import write_report
+    from lengthgen.reporting.report import write_report
 
     folder = write_run(tmp_path / "run")
     layout = {"figures": ["accuracy_vs_length", {"kind": "heatmap", "y": "k"}, {"kind": "accuracy_vs_option", "x": "k"}]}

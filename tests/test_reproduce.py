@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen import grid as grids
-from lengthgen import reproduce as rp
-from lengthgen.config import to_toml
-from lengthgen.presets import load
+from lengthgen.reproduce import grid as grids
+from lengthgen.reproduce import runner as rp
+from lengthgen.config.schema import to_toml
+from lengthgen.config.presets import load
 from lengthgen.errors import ConfigError, UserError
-from lengthgen.evaluate import read_rows
+from lengthgen.evaluation.evaluate import read_rows
 
 PRESET = """
 method = "looped"
@@ -249,7 +249,7 @@ def test_run_folder_without_checkpoint_is_kept_unless_it_holds_nothing(experimen
 
 
 def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monkeypatch):
-    import lengthgen.devices as devices
+    import lengthgen.runtime.devices as devices
     monkeypatch.setattr(devices, "native_bf16", lambda device: False)
     with pytest.raises(UserError, match="native bf16"):
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped", "ntp"], out=tmp_path / "out",

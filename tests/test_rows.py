@@ -10,14 +10,14 @@ import matplotlib.axes
 import pytest
 import torch
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.cli import main
-from lengthgen.evaluate import evaluate_run, read_per_step, read_rows, relabel
-from lengthgen.figures import plot, plot_heatmap, plot_vs_option, split_panels
-from lengthgen.report import markdown
-from lengthgen.series import aggregate
+from lengthgen.evaluation.evaluate import evaluate_run, read_per_step, read_rows, relabel
+from lengthgen.reporting.figures import plot, plot_heatmap, plot_vs_option, split_panels
+from lengthgen.reporting.report import markdown
+from lengthgen.reporting.series import aggregate
 from lengthgen.tasks import TASKS, Copy
-from lengthgen.train import train
+from lengthgen.training.trainer import train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.train_max=4", "train.batch_size=8",
         "train.steps=20", "train.device=cpu", "train.log_interval=10"]
@@ -168,7 +168,7 @@ def test_the_heatmap_grid_of_a_report_comes_from_its_rows(tmp_path, capsys):
 def test_pivot_table_and_attention_figure_of_a_tra_run(tmp_path):
     """The flip-flop layout of the TRA report: a table per length with a column per split and
     metric, and the attention of one run on one sequence, drawn from its checkpoint."""
-    from lengthgen.report import write_report
+    from lengthgen.reporting.report import write_report
 
     folder = tmp_path / "runs" / "flipflop-tra-s0"
     train(presets.load(None, TINY + ["task.name=flipflop", "task.train_min=2", "task.train_max=6",

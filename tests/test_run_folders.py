@@ -11,15 +11,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import evaluate, presets, trackers
-from lengthgen import reproduce as rp
+from lengthgen.evaluation import evaluate
+
+from lengthgen.config import presets
+
+from lengthgen.training import trackers
+from lengthgen.reproduce import runner as rp
 from lengthgen.cli import main
-from lengthgen.config import to_toml
-from lengthgen.evaluate import COLUMNS, LABELS, read_rows, write_csv
-from lengthgen.run_folders import UNSTARTED, OutLock, foreign
+from lengthgen.config.schema import to_toml
+from lengthgen.evaluation.evaluate import COLUMNS, LABELS, read_rows, write_csv
+from lengthgen.runtime.run_folders import UNSTARTED, OutLock, foreign
 from lengthgen.tasks import corpus as corpora
 from lengthgen.tasks.corpus import Corpus, CorpusError
-from lengthgen.train import train
+from lengthgen.training.trainer import train
 from tiny_runs import one_line_error, tiny, train_cli
 
 
@@ -229,7 +233,7 @@ def test_eval_writes_into_out_and_refuses_an_unwritable_folder_before_evaluating
     def evaluated(*args, **kwargs):
         raise AssertionError("evaluated before checking that the results can be written")
 
-    monkeypatch.setattr("lengthgen.run_folders.tempfile.TemporaryFile", unwritable)
+    monkeypatch.setattr("lengthgen.runtime.run_folders.tempfile.TemporaryFile", unwritable)
     monkeypatch.setattr(evaluate, "rules_at", evaluated)
     assert main(["eval", str(run), "--no-progress"]) == 2
     err = one_line_error(capsys)

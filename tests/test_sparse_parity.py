@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
-from lengthgen import presets
-from lengthgen.config import ConfigError
+from lengthgen.config import presets
+from lengthgen.config.schema import ConfigError
 from lengthgen.tasks import get_task
 from task_checks import check_answers, check_layout, solve_sparse_parity
 

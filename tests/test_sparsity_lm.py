@@ -12,14 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import presets
-from lengthgen.config import ModelConfig
-from lengthgen.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
+from lengthgen.config import presets
+from lengthgen.config.schema import ModelConfig
+from lengthgen.evaluation.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
 from lengthgen.errors import ConfigError
-from lengthgen.lm import ablated_losses, context_losses, documents, scored_tokens, token_losses
-from lengthgen.methods import Method, NextTokenPrediction
-from lengthgen.model import Transformer
-from lengthgen.positions import SCHEMES, PositionalScheme
+from lengthgen.evaluation.language_model import ablated_losses, context_losses, documents, scored_tokens, token_losses
+from lengthgen.methods.registry import Method, NextTokenPrediction
+from lengthgen.model.transformer import Transformer
+from lengthgen.model.positions import SCHEMES, PositionalScheme
 from lengthgen.tasks import EOS, get_task
 from lengthgen.tasks.corpus import Corpus, c4_split_of
 
@@ -478,8 +478,8 @@ def independent_ratios(out, arm, seeds, edges, select="in_tau"):
 
 def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_and_skips_finished_work(
         docs, tmp_path, monkeypatch):
-    from lengthgen import grid as grids
-    from lengthgen.reproduce import reproduce
+    from lengthgen.reproduce import grid as grids
+    from lengthgen.reproduce.runner import reproduce
 
     folder, _ = docs
     root = tmp_path / "experiments"
@@ -521,7 +521,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     changed = [p for p, t in stamps.items() if p.stat().st_mtime_ns != t]
     assert [p.parent.name for p in changed] == ["text-long-s1"]
     # evaluating other windows later does not pay for the per-token files again
-    from lengthgen.evaluate import evaluate_run
+    from lengthgen.evaluation.evaluate import evaluate_run
 
     run = out / "runs" / "text-long-s0"
     before = (run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns
@@ -559,7 +559,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
 
 
 def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_the_window(tmp_path):
-    from lengthgen import grid as grids
+    from lengthgen.reproduce import grid as grids
     from lengthgen.tasks.corpus import CorpusError
 
     assert "sparsity-lm" in grids.papers()

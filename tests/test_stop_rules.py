@@ -1,4 +1,4 @@
-"""Stop rules of the looped model (lengthgen.stopping, lengthgen.stop_passes): each rule on
+"""Stop rules of the looped model (lengthgen.methods.looped.stop_rules, lengthgen.methods.looped.stop_passes): each rule on
 scripted models whose confidence at every step is given, the one-pass trace against the
 rules' own passes, and real models."""
 import math
@@ -7,9 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import stop_passes, stopping
-from lengthgen.looped import oracle_logits
-from lengthgen.methods import get_method
+from lengthgen.methods.looped import stop_passes
+
+from lengthgen.methods.looped import stop_rules as stopping
+from lengthgen.methods.looped.block import oracle_logits
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import get_task
 from test_looped import mixed_batch, tiny
 

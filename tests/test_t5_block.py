@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from lengthgen import presets
-from lengthgen.config import ModelConfig
+from lengthgen.config import presets
+from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
-from lengthgen.model import Block, Transformer
-from lengthgen.positions import LearnedPositions, PositionalScheme, default_position_ids
+from lengthgen.model.transformer import Block, Transformer
+from lengthgen.model.positions import LearnedPositions, PositionalScheme, default_position_ids
 
 D, H = 16, 2
 pytestmark = pytest.mark.usefixtures("one_thread")

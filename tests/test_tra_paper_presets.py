@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lengthgen import presets
-from lengthgen.methods import get_method
+from lengthgen.config import presets
+from lengthgen.methods.registry import get_method
 from lengthgen.tasks import PAD, task_of
 from preset_tables import doc_section, doc_tables, drift, expected, undocumented
 

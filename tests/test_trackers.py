@@ -12,11 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import checkpoint, presets
-from lengthgen.config import to_toml
+from lengthgen.runtime import checkpoint
+
+from lengthgen.config import presets
+from lengthgen.config.schema import to_toml
 from lengthgen.errors import UserError
-from lengthgen.reproduce import config_difference
-from lengthgen.train import train
+from lengthgen.reproduce.runner import config_difference
+from lengthgen.training.trainer import train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.device=cpu", "train.steps=20", "train.log_interval=5",

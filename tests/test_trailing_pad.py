@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.errors import ConfigError
-from lengthgen.evaluate import evaluate_run
+from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.tasks import IGNORE, PAD, get_task, measure
 from lengthgen.tasks.base import TrailingPad, pad_answers
-from lengthgen.train import train
+from lengthgen.training.trainer import train
 
 
 @pytest.mark.parametrize("name", ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set"])

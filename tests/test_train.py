@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.errors import ConfigError, TrainingDiverged, UserError
-from lengthgen.evaluate import accuracy_at, load_run
-from lengthgen.methods import NextTokenPrediction
+from lengthgen.evaluation.evaluate import accuracy_at, load_run
+from lengthgen.methods.registry import NextTokenPrediction
 from lengthgen.tasks import get_task
-from lengthgen.train import curriculum_end, curriculum_max, decay_params, learning_rate, sample_batch, train
+from lengthgen.training.trainer import curriculum_end, curriculum_max, decay_params, learning_rate, sample_batch, train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu"]
@@ -183,8 +183,8 @@ def test_bf16_training_is_refused_where_the_device_lacks_it(tmp_path, monkeypatc
     """Without native bf16 (an AVX2-only CPU) bf16 would run hundreds of times
     slower than fp32: training stops with a one-line error before it writes
     anything, and evaluating a bf16 run falls back to its fp32 weights."""
-    import lengthgen.devices as devices
-    import lengthgen.evaluate as evaluate
+    import lengthgen.runtime.devices as devices
+    import lengthgen.evaluation.evaluate as evaluate
     cfg = tiny("train.steps=2", "train.precision=bf16")
     monkeypatch.setattr(devices, "native_bf16", lambda device: False)
     with pytest.raises(UserError, match="native bf16.*train.precision=fp32"):

@@ -1,4 +1,4 @@
-"""Tests during training (train.test_interval, lengthgen.training_tests): what they write to
+"""Tests during training (train.test_interval, lengthgen.evaluation.during_training): what they write to
 metrics.jsonl, that they agree with the evaluator, that they leave training untouched, and the
 config errors they raise."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from lengthgen import presets
-from lengthgen.checkpoint import latest
-from lengthgen.curves import metrics_of, read_tests
+from lengthgen.config import presets
+from lengthgen.runtime.checkpoint import latest
+from lengthgen.reporting.curves import metrics_of, read_tests
 from lengthgen.errors import ConfigError
-from lengthgen.evaluate import evaluate_run
-from lengthgen.train import train
+from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.training.trainer import train
 
 TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_layer=1", "model.n_head=2",
         "train.batch_size=16", "train.steps=120", "train.lr=3e-3", "train.device=cpu", "train.curriculum_start=2",

@@ -4,11 +4,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.errors import ConfigError
 from lengthgen.tasks import get_task
-from lengthgen.train import train
-from lengthgen.transforms import PoSE, RandomOffset, Randomized, base_ids, build_transform
+from lengthgen.training.trainer import train
+from lengthgen.model.position_transforms import PoSE, RandomOffset, Randomized, base_ids, build_transform
 
 MIXED = torch.tensor([1, 2, 7, 3, 12, 5, 9, 4] * 8)  # mixed lengths: rows of different widths
 
@@ -112,7 +112,7 @@ def test_training_with_a_transform_fills_the_table_it_was_sized_for(tmp_path, tr
 # -- what evaluation reads (Ruoss et al. evaluate with random IDs; Cho et al. and PoSE without) --
 
 def test_randomized_ids_at_evaluation_are_sorted_distinct_fresh_and_reproducible():
-    from lengthgen.evaluate import eval_batches
+    from lengthgen.evaluation.evaluate import eval_batches
 
     task, cpu, transform = get_task("copy"), torch.device("cpu"), Randomized(max_position=64)
     test = next(eval_batches(task, 9, 300, 300, 5, cpu, transform))
@@ -135,7 +135,7 @@ def test_randomized_ids_at_evaluation_are_sorted_distinct_fresh_and_reproducible
 
 @pytest.mark.parametrize("transform", [RandomOffset(max_position=64), PoSE(target_length=64), None])
 def test_pose_and_random_offset_evaluate_on_the_task_ids(transform):
-    from lengthgen.evaluate import eval_batches
+    from lengthgen.evaluation.evaluate import eval_batches
 
     task, cpu = get_task("copy"), torch.device("cpu")
     plain = next(eval_batches(task, 9, 50, 50, 5, cpu))
@@ -148,7 +148,7 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     """Ruoss et al.'s evaluation: random sorted IDs at test time too. On 0..L-1, which the model
     never saw in training, it fails its own training lengths."""
     from lengthgen.cli import main
-    from lengthgen.evaluate import accuracy_at, load_run, read_rows
+    from lengthgen.evaluation.evaluate import accuracy_at, load_run, read_rows
 
     cfg = presets.load("experiments/tra/cpu/copy_symbols.toml", [
         "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "train.position_transform=randomized",

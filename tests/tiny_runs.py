@@ -1,7 +1,7 @@
 """The toy run the safety and fault tests share: a copy task small enough to train in a second."""
 from __future__ import annotations
 
-from lengthgen import presets
+from lengthgen.config import presets
 from lengthgen.cli import main
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",

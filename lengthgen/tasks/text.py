@@ -6,7 +6,7 @@ The problem length n is the window: the model reads n tokens and predicts
 the next token at each of them, every position scored (plain language
 modelling). Training draws windows at uniform random offsets of the training
 split's token stream (documents joined by EOS; a window may cross a document
-boundary, as in the usual LM training). Evaluation (lengthgen.lm) scores the
+boundary, as in the usual LM training). Evaluation (lengthgen.evaluation.language_model) scores the
 test split in consecutive non-overlapping windows instead, every test token
 once per window size, and reports perplexity and the loss at each position of
 the window.
@@ -33,7 +33,7 @@ class Text(Task):
     answer_region = False  # every position is scored
     example = "The quick brown -> he quick brown "
     metric_names = ("perplexity", "loss")
-    language_model = True  # evaluated by perplexity on the test split (lengthgen.lm), not on samples
+    language_model = True  # evaluated by perplexity on the test split (lengthgen.evaluation.language_model), not on samples
 
     def __init__(self, *, source: str = "python-docs", path: str = "", tokenizer: str = "bytes", vocab_size: int = 0,
                  max_documents: int = 0):

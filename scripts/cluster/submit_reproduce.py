@@ -17,7 +17,7 @@ from pathlib import Path
 
 import submitit
 
-from lengthgen.reproduce import reproduce
+from lengthgen.reproduce.runner import reproduce
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Configuration: the schema of every key (schema.py) and presets loaded and validated (presets.py)."""

@@ -1,0 +1,388 @@
+"""Typed configuration as plain data: dataclasses, TOML presets and `--set section.key=value`.
+
+Every field is typed and commented. Reading checks every key and type and raises
+ConfigError with a one-line message naming the key; the CLI turns that into exit
+code 2 before anything is written. This module sits at the bottom of the import
+graph: checks that need the task, method, scheme or transform registries live in
+lengthgen.config.presets, which loads (reads and validates) a config.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import sys
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from lengthgen.errors import ConfigError
+
+INITS = ("gpt2", "torch", "looped-tf", "tra", "t5")  # model.init choices, see ModelConfig
+
+
+@dataclass
+class TaskConfig:
+    name: str = "parity"  # registry name, see `lengthgen tasks`
+    train_min: int = 1  # shortest problem length trained on
+    train_max: int = 12  # longest problem length trained on (the real maximum)
+    options: dict = field(default_factory=dict)  # task-specific options, e.g. {symbols = 50}
+    trailing_pad: int = 0  # scored PAD targets after each answer (the released looped code's fixed-width rows)
+    pad_to_row: bool = False  # first pad each answer with scored PADs to the batch's widest row (ditto, per sample)
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 64  # embedding width
+    n_layer: int = 2  # blocks in the stack (the looped block's depth for looped methods)
+    n_head: int = 4  # attention heads; must divide d_model
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model (SwiGLU: of the linear and of the gate units)
+    position: str = "nope"  # positional scheme: nope, learned, sinusoidal, rope, alibi
+    position_options: dict = field(default_factory=dict)  # the scheme's own settings, e.g. {theta = 500000.0} for rope
+    max_positions: int = 2048  # table size of learned / sinusoidal positions
+    norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out
+    # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new), swiglu, or gated-gelu (T5's: gelu_new gate units times
+    # linear units)
+    mlp: str = "gelu"
+    bias: bool = True  # biases in the blocks' linear layers (q/k/v, attention output, MLP)
+    qkv_bias: bool = True  # with bias: in the q/k/v projections too (false: the TRA notebook's bias-free q, k, v)
+    # pre-norm (x + f(norm(x))), norm-before-add (x = norm(x); x + f(x)) or pre-and-post-norm
+    # (x = norm'(x + f(norm(x))), Cho et al.'s T5 block: a norm before each sublayer and one after its residual add)
+    residual: str = "pre-norm"
+    attn_scale: bool = True  # divide q . k by sqrt(head width); false: T5's unscaled logits (its init shrinks q)
+    dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
+    attn_dropout: float = 0.0  # attention dropout, on what attn_dropout_on says
+    # weights (after the softmax, GPT-2's and the TRA paper's words) or logits (before the mask and the softmax:
+    # a dropped logit becomes 0, the TRA authors' notebook)
+    attn_dropout_on: str = "weights"
+    embed_dropout: float = 0.0  # dropout on the embedding alone, for blocks without model.dropout (the TRA notebook)
+    mlp_dropout: float = 0.0  # dropout on the MLP's hidden units (after the activation)
+    # weight init: gpt2 (normal 0.02, scaled residual projections), torch (torch's module defaults), looped-tf
+    # (the looped-tf release: gpt2 in the blocks, torch's defaults for the read-in and read-out), tra (the TRA
+    # notebook: torch's defaults in the blocks, embedding uniform in +-0.01 with the PAD row 0, read-out normal 0.02)
+    # or t5 (Mesh TensorFlow's, as Cho et al.'s T5: the token table N(0, 1), each linear N(0, fan_in^-1/2), q also
+    # divided by sqrt(head width) for unscaled attention; a learned position table keeps its own `std` option)
+    init: str = "gpt2"
+    tie_embeddings: bool = True  # lm_head shares the token embedding matrix
+    embed_bias: bool = False  # a learned vector added to every token's embedding (a linear read-in of one-hot tokens)
+    head_bias: bool = False  # a bias in the read-out (lm_head)
+    scaled_head: bool = False  # the final hidden state times d_model^-1/2 before the read-out (T5's tied read-out)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000  # optimizer steps
+    batch_size: int = 64  # samples per step
+    lr: float = 3e-4  # peak learning rate
+    weight_decay: float = 0.01  # AdamW weight decay
+    decay_all: bool = False  # weight decay on every parameter (biases, norms); false: on matrices only
+    betas: list = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    grad_clip: float = 1.0  # max gradient norm; 0 = off
+    # cosine (warm-up, then cosine), curriculum_cosine (warm-up, constant until the curriculum ends, then cosine),
+    # linear (warm-up, then a straight line down), constant
+    schedule: str = "cosine"
+    warmup_steps: int = 0  # linear warm-up steps (all but constant, where it must be 0)
+    min_lr_ratio: float = 0.0  # cosine and linear decay to lr * min_lr_ratio
+    curriculum_start: int = 0  # first maximum length; 0 = no curriculum (train_max from the start)
+    curriculum_interval: int = 500  # steps between +1 increments of the maximum length
+    cosine_start: int = 0  # curriculum_cosine: the step the cosine decay starts; 0 = when the curriculum ends
+    length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
+    # 0: fresh samples every step; N: a fixed set of N samples drawn once from data_seed, each read once per
+    # epoch in a fresh order (Cho et al.'s training sets; lengthgen.training.finite_set)
+    dataset_size: int = 0
+    ema: float = 0.0  # decay of an EMA of the weights used for evaluation; 0 = off
+    ema_start: int = 0  # the EMA starts as a copy of the weights after this step, then follows them
+    model_seed: int = 0  # seeds weight initialisation
+    data_seed: int = 0  # seeds the training data stream
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
+    threads: int = 0  # torch CPU threads, 0..1024; 0 = torch's default
+    precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
+    # torch.compile each block (inductor, dynamic shapes; CUDA graphs on CUDA), not for TRA and CoPE, which run
+    # eagerly with a note (lengthgen.model.compiling); the same weights and losses as eager, to float rounding
+    compile: bool = False
+    log_interval: int = 50  # steps between metric lines in metrics.jsonl
+    checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
+    # exact match during training, into metrics.jsonl (test@max at the curriculum's current maximum,
+    # test@N at each of test_lengths): every test_interval steps; 0 = off
+    test_interval: int = 0
+    test_lengths: str = ""  # lengths tested besides the current maximum, as eval.lengths ("" = none)
+    test_samples: int = 512  # test samples per length (the evaluator's fixed test set, eval.seed)
+    test_stops: list = field(default_factory=list)  # looped methods: stop rules tested; [] = oracle
+    test_options: dict = field(default_factory=dict)  # task options of the tested samples, e.g. {min_a_bits = 2}
+    test_offset: int = 0  # tests after steps offset + k * test_interval (the released code: 1, 1001, ...)
+    position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
+    position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
+    id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
+    halt_loss_weight: float = 1.0  # looped-halt, looped-uncertain, looped-clock: weight of the stopping loss beside the answer loss
+    # streams the batch is drawn from: 1 = one stream from data_seed; N = N shards of batch_size/N samples, each
+    # seeded by (data_seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
+    data_shards: int = 1
+    log_to: list = field(default_factory=lambda: ["jsonl"])  # metric sinks: jsonl (always written), tensorboard, wandb
+
+
+@dataclass
+class EvalConfig:
+    lengths: str = "1:24"  # problem lengths: "a:b" (inclusive), "a:b:step", "1,5,10" or one number
+    samples: int = 512  # test samples per length
+    batch_size: int = 256  # samples per forward pass
+    seed: int = 1234  # evaluation data seed, fixed and separate from training
+    sweep: dict = field(default_factory=dict)  # task options varied in evaluation, e.g. {k = [2, 4]}: rows per value
+    confidence_precision: str = "float64"  # looped confidence losses: float64, or float32 as the released code
+    # a position transform that draws IDs at evaluation too (randomized): each test sample is read under
+    # this many independent draws (from the evaluation seed) and every metric averaged over them
+    position_draws: int = 1
+    compile: bool = False  # torch.compile each block for evaluation, as train.compile (lengthgen.model.compiling)
+    # per-token evaluation of a language-model task (lengthgen.evaluation.language_model.token_losses -> RUN/token_loss.csv): each
+    # scored test token is predicted from exactly c tokens of its own document, for every c here; [] = off
+    token_contexts: list = field(default_factory=list)
+    token_stride: int = 1  # score every token_stride-th token of each document, from position max(c) on
+    token_limit: int = 0  # at most this many scored tokens, evenly spaced over them; 0 = every one
+    # dependence sparsity k(t) of the tokens the largest context helps (lengthgen.evaluation.dependence -> RUN/dependence.csv),
+    # near = the smallest of token_contexts, full = the largest
+    dependence: bool = False
+    dependence_options: dict = field(default_factory=dict)  # its settings: tau, top_p, epsilon, rank, max_tokens
+
+
+@dataclass
+class Config:
+    method: str = "ntp"  # training and prediction recipe, see lengthgen.methods.registry
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+SCHEDULES = ("cosine", "curriculum_cosine", "linear", "constant")
+LENGTH_SAMPLING = ("per_sample", "per_batch")
+PRECISIONS = ("fp32", "bf16")
+CONFIDENCE_PRECISIONS = ("float64", "float32")  # eval.confidence_precision (lengthgen.methods.looped.stop_passes)
+LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen.training.trackers)
+DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
+TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "gelu-tanh", "swiglu", "gated-gelu")
+RESIDUALS = ("pre-norm", "norm-before-add", "pre-and-post-norm")
+ATTENTION_DROPOUT_ON = ("weights", "logits")
+# keys of earlier versions: where they went (a saved run folder written by them still loads)
+MOVED = {"model.rope_theta": "model.position_options.theta"}
+MAX_THREADS = 1024  # far above any machine's cores; a huge value crashes torch
+MAX_SEED = 2**63  # seeds are 0 <= seed < MAX_SEED (torch takes 64-bit seeds)
+# eval seeds one generator per length with seed * 1_000_003 + length, which must stay below 2**64
+MAX_EVAL_SEED = 2**40
+MAX_LENGTH = 100_000  # longest problem length, trained or tested
+MAX_LENGTHS = 10_000  # most test lengths in one eval.lengths
+MAX_DATASET = 100_000_000  # train.dataset_size: far above the 10^5-10^6 samples of Cho et al.'s sets
+
+
+RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to"}  # how a run executes, not what it computes
+# set per run by a grid (--seeds, --threads): a --set of these would be overridden
+PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
+RANKS = ("attention", "leave_one_out")  # how the dependence measurement ranks far tokens
+
+
+@dataclass
+class Dependence:
+    """The settings of the dependence measurement (eval.dependence_options, lengthgen.evaluation.dependence):
+    its keywords are the options."""
+
+    tau: float = 0.1  # nats: T* holds the tokens whose long-context benefit D(t) exceeds tau
+    top_p: float = 10.0  # percent: also flag the top_p % of scored tokens by D (0 = off); D > 0 always
+    epsilon: float = 0.1  # k(t) recovers at least (1 - epsilon) of D(t)
+    rank: str = "attention"  # how far tokens are ranked: attention (one pass) or leave_one_out (full - near passes)
+    max_tokens: int = 0  # search k for at most this many tokens of T*, evenly spaced over it (0 = all)
+    random_baseline: bool = True  # also search k with the far tokens in a random order (k_random; -1 when off)
+
+    def __post_init__(self):
+        for key in ("tau", "top_p", "epsilon"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value!r}")
+        if self.tau < 0:
+            raise ValueError(f"tau must be >= 0 (nats), got {self.tau}")
+        if not 0 <= self.top_p <= 100:
+            raise ValueError(f"top_p must be a percentage in [0, 100], got {self.top_p}")
+        if not 0 <= self.epsilon < 1:
+            raise ValueError(f"epsilon must be in [0, 1), got {self.epsilon}")
+        if self.rank not in RANKS:
+            raise ValueError(f"rank {self.rank!r} is unknown; choose from {', '.join(RANKS)}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
+        if not isinstance(self.random_baseline, bool):
+            raise ValueError(f"random_baseline must be true or false, got {self.random_baseline!r}")
+
+
+def _hint(key: str, options) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _coerce(path: str, value, typ):
+    """Check `value` against the annotated type; ints are accepted for floats."""
+    expected = {"int": int, "float": float, "str": str, "bool": bool, "dict": dict, "list": list}[typ]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and expected is not bool:
+        raise ConfigError(f"{path} must be {typ}, got bool {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"{path} must be {typ}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _apply(cfg, data: dict, prefix: str = "") -> None:
+    known = {f.name: f for f in fields(cfg)}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in known:
+            if path in MOVED:
+                raise ConfigError(f"config key {path} is now {MOVED[path]}")
+            full = [f"{prefix}{k}" for k in known]
+            raise ConfigError(f"unknown config key {path}{_hint(path, full)}")
+        if path in ("eval.lengths", "train.test_lengths") and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # `--set eval.lengths=24` is a TOML integer: one test length
+        current = getattr(cfg, key)
+        if is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path} is a section; set its keys, e.g. {path}.{next(iter(fields(current))).name}=...")
+            _apply(current, value, prefix=f"{path}.")
+        elif isinstance(current, dict) and isinstance(value, dict):
+            # an options table merges key by key: `--set task.options.k=4` keeps the preset's other options
+            setattr(cfg, key, {**current, **value})
+        else:
+            setattr(cfg, key, _coerce(path, value, known[key].type))
+
+
+def _upgrade(data: dict) -> dict:
+    """A preset or saved config of an earlier version, in today's keys: model.rope_theta
+    became RoPE's own option (dropped for other schemes, which never read it)."""
+    model = data.get("model")
+    if isinstance(model, dict) and "rope_theta" in model:
+        model = dict(model)
+        theta = model.pop("rope_theta")
+        if model.get("position") == "rope" and theta != 10000.0:  # 10000 is RoPE's default
+            model["position_options"] = {"theta": theta, **model.get("position_options", {})}
+        data = {**data, "model": model}
+    return data
+
+
+def read(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- preset TOML <- --set overrides, parsed and typed but not validated
+    against the registries (lengthgen.config.presets.load does both)."""
+    cfg = Config()
+    if preset is not None:
+        path = Path(preset)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory, not a TOML file")
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text (TOML files must be UTF-8)") from None
+        except OSError as err:
+            raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from None
+        _apply(cfg, _upgrade(data))
+    for text in overrides:
+        _apply(cfg, parse_override(text))
+    return cfg
+
+
+def from_data(data: dict) -> Config:
+    """A Config from a dict such as to_dict's (e.g. a checkpoint's), not validated."""
+    cfg = Config()
+    _apply(cfg, _upgrade(data))
+    return cfg
+
+
+def flat(data: dict, prefix: str = "") -> dict:
+    """{'model': {'position_options': {'theta': 1}}} -> {'model.position_options.theta': 1}:
+    every leaf under its dotted key (an empty table is a leaf)."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def parse_override(text: str) -> dict:
+    """'model.n_layer=3' -> {'model': {'n_layer': 3}}. Values are TOML literals;
+    anything that is not one (e.g. rope) is taken as a string."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key, raw = key.strip(), raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    out: dict = {}
+    node = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def parse_lengths(spec: str) -> list[int]:
+    """'1:40' -> 1..40 inclusive, '10:50:10' -> 10,20,..,50, '1,5,9' -> [1, 5, 9], '24' -> [24]."""
+    try:
+        if ":" in spec:
+            parts = [int(p) for p in spec.split(":")]
+            if len(parts) not in (2, 3):
+                raise ValueError
+            start, stop, step = parts[0], parts[1], (parts[2] if len(parts) == 3 else 1)
+            if step < 1:
+                raise ValueError
+            lengths = range(start, stop + 1, step)  # a range knows its size: '1:2000000000' is not built
+        else:
+            lengths = [int(p) for p in spec.split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(f"lengths {spec!r} is not 'a:b', 'a:b:step' or a comma list of integers") from None
+    if not lengths:
+        raise ConfigError(f"lengths {spec!r} selects no length")
+    if len(lengths) > MAX_LENGTHS:
+        raise ConfigError(f"lengths {spec!r} selects {len(lengths)} lengths; at most {MAX_LENGTHS} are allowed")
+    if min(lengths) < 1:
+        raise ConfigError(f"lengths {spec!r} includes {min(lengths)}; every test length must be >= 1")
+    if max(lengths) > MAX_LENGTH:
+        raise ConfigError(f"lengths {spec!r} includes {max(lengths)}; test lengths are capped at {MAX_LENGTH}")
+    return list(lengths)
+
+
+def to_dict(cfg: Config) -> dict:
+    return asdict(cfg)
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else toml_value(key)
+
+
+def toml_value(value) -> str:
+    """A TOML literal of a value of a config (`--set` takes these)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML, loadable again as a preset."""
+    data = to_dict(cfg)
+    lines = [f"method = {toml_value(data.pop('method'))}"]
+    for section, values in data.items():
+        lines.append(f"\n[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"

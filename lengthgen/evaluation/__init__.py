@@ -1,0 +1,1 @@
+"""Evaluation: exact match per length, perplexity and per-token losses, dependence sparsity, tests during training."""

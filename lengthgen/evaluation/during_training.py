@@ -1,0 +1,63 @@
+"""Tests during training (`train.test_interval`): exact match at the curriculum's current
+maximum and at `train.test_lengths`, every `test_interval` steps, written beside the loss in
+metrics.jsonl. The released looped-tf code tests this way every 1000 steps (512 samples at the
+current longest training length and at the test length); here the samples are the evaluator's
+fixed test set of each length (eval.seed), so a curve compares one set of problems over time.
+
+The weights tested are those evaluated after training (the EMA when train.ema > 0, once it has
+started: train.ema_start). Testing reads no training random stream, so a run with tests trains
+the same weights as one without. train.test_options sets task options of the tested samples
+(the released Multiplication tests fix the short factor: {min_a_bits = 2}); train.test_offset
+moves the tests to steps offset, offset + interval, ... (the released ones: 1, 1001, ...).
+"""
+from __future__ import annotations
+
+import torch
+
+from lengthgen.config.schema import Config, parse_lengths
+from lengthgen.runtime.devices import autocast
+from lengthgen.evaluation.evaluate import rules_at
+from lengthgen.methods.registry import Method
+from lengthgen.tasks import Task, task_of
+from lengthgen.methods.looped.stop_passes import confidence_precision
+from lengthgen.model.position_transforms import build_transform
+
+PREFIX = "test@"  # metrics.jsonl keys: test@max (the current curriculum maximum), test@24, test@24/confidence:+20
+
+
+def test_stops(cfg: Config, method: Method) -> list[str | None]:
+    """The stop rules tested: train.test_stops, else the oracle for methods with stop rules."""
+    if not method.has_stop_rules:
+        return [None]
+    return list(dict.fromkeys(cfg.train.test_stops)) or ["oracle"]
+
+
+def due(cfg: Config, step: int) -> bool:
+    """Whether the tests run after `step`: steps test_offset + k * test_interval (k >= 0, step >= 1)."""
+    tr = cfg.train
+    return tr.test_interval > 0 and step >= max(tr.test_offset, 1) and (step - tr.test_offset) % tr.test_interval == 0
+
+
+def key(length: str, stop: str | None) -> str:
+    return PREFIX + length + ("" if stop in (None, "oracle") else f"/{stop}")
+
+
+@torch.no_grad()
+def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, device: torch.device) -> dict:
+    """{key: exact match} at the current maximum and at each of train.test_lengths, on samples
+    of the run's task with train.test_options."""
+    stops, tr = test_stops(cfg, method), cfg.train
+    task = task_of(cfg.task, **tr.test_options) if tr.test_options else task
+    transform = build_transform(tr.position_transform, tr.position_transform_options)  # IDs as evaluation reads them
+    lengths = [("max", current_max)] + [(str(n), n) for n in (parse_lengths(tr.test_lengths) if tr.test_lengths else [])]
+    training = model.training
+    model.eval()
+    out = {}
+    with torch.random.fork_rng(devices=[]), autocast(device, tr.precision), \
+            confidence_precision(cfg.eval.confidence_precision):
+        for name, n in lengths:
+            results, _ = rules_at(task, method, model, n, tr.test_samples, cfg.eval.batch_size, cfg.eval.seed,
+                                  device, stops, transform=transform, draws=cfg.eval.position_draws)
+            out.update({key(name, stop): results[stop]["accuracy"] for stop in stops})
+    model.train(training)
+    return out

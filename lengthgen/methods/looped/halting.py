@@ -1,0 +1,260 @@
+"""Per-sample stopping of a looped model, trained for it (not in the paper).
+
+The paper's confidence rule reads an objective that never looks at the wrong
+iterations: the step-dependent loss supervises each sample at its own T(n)
+only, so a read-out before or after it may be as confident as the right one
+(docs/looped.md, "Trained stopping"). Three designs add a loss on the states of
+every iteration t <= T_i, which the prefix scheme computes anyway
+(`looped._prefix_states`), so they cost a read-out per iteration, not more
+block passes:
+
+- `looped-halt`: a halting head, one linear unit on the state at every answer
+  position; a sample's halting logit is its mean over the sample's scored
+  positions. Trained with binary cross-entropy, "done" at t = T_i and "not
+  done" at every t < T_i, the two classes weighted equally (there are
+  T_i - 1 negatives for one positive). Read out by the `halt` rule: the first
+  iteration whose logit is > 0 (lengthgen.methods.looped.stop_rules).
+- `looped-uncertain`: no new weights. At every t < T_i the read-out is pushed
+  towards the uniform distribution (cross-entropy against it, minus its floor
+  log V, averaged over the scored tokens), so an unfinished computation is
+  unconfident and a finished one confident. Read out by `first-confident`: the
+  first iteration whose mean confidence loss is below log 2.
+
+- `looped-clock`: a clock, two linear units per answer position (averaged over
+  them), trained by squared error towards (cos, sin) of the phase pi t / T_i at
+  every t <= T_i: progress as a fraction of the sample's own computation, the
+  same target at every length, where "done" / "not done" label a step count.
+  Read out by `halt` through `clock_logit`.
+
+These three add `train.halt_loss_weight` times their loss to the answer loss;
+the gradient reaches the block too, so the model can learn to represent "done".
+
+- `looped-halt-probe`: the block trains as plain `looped` (bit for bit: the
+  head has no loss during training), and a halting probe is fitted once
+  training ends, on the frozen model's states (`fit_halt_probe`): an MLP on the
+  mean state over the answer and over the question, "done" at every t >= T_i.
+  The model keeps its oracle accuracy by construction; the probe finds
+  whatever "done" the states already hold.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lengthgen.model.attention import Packed
+from lengthgen.config.schema import ModelConfig
+from lengthgen.methods.looped.block import LoopedTransformer, per_sample_steps
+from lengthgen.model.positions import PositionalScheme
+from lengthgen.methods.looped.stop_passes import start_blanked
+from lengthgen.tasks import Batch
+
+
+class HaltingLooped(LoopedTransformer):
+    """A looped transformer with a halting head: one linear unit per answer position
+    (`looped-halt`), a HaltProbe (`looped-halt-probe`) or a clock, two linear units per
+    answer position (`looped-clock`). The head is built after the rest of the model, so
+    the other weights start as those of a plain looped model of the same seed."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, injection: bool = True,
+                 scheme: PositionalScheme | None = None, head: str = "linear"):
+        super().__init__(cfg, vocab_size, injection, scheme)
+        self.head_kind = head
+        self.halt_head = HaltProbe(cfg.d_model) if head == "probe" else nn.Linear(cfg.d_model, 2 if head == "clock" else 1)
+
+    def halt_logits(self, h: Tensor, scored: Tensor, t: int) -> Tensor:
+        """(B, L, D) states after iteration t, (B, L) bool -> (B,) each sample's halting logit
+        (> 0: done): the probe on its pooled states, the mean of the linear head over its
+        scored positions, or the clock's reading at t (`clock_logit`)."""
+        if self.head_kind == "probe":
+            return self.halt_head(pooled_states(h, scored)).float()
+        z = masked_mean(self.halt_head(h).float(), scored)  # (B, 1) or, for the clock, (B, 2)
+        return clock_logit(z, t) if self.head_kind == "clock" else z[:, 0]
+
+
+def masked_mean(z: Tensor, mask: Tensor) -> Tensor:
+    """(B, L, C), (B, L) bool -> (B, C): the mean over each sample's masked positions."""
+    return (z * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+
+
+def clock_phase(z: Tensor) -> Tensor:
+    """(..., 2) clock read-out (cos, sin) -> its angle in [-pi/2, 3pi/2): a phase near 0
+    (early) or near pi (done) never wraps."""
+    angle = torch.atan2(z[..., 1], z[..., 0])
+    return torch.where(angle < -math.pi / 2, angle + 2 * math.pi, angle)
+
+
+def clock_logit(z: Tensor, t: int) -> Tensor:
+    """(B, 2) clock read-out after iteration t -> (B,) > 0 once t has reached the T the clock
+    implies. The clock is trained to read the phase pi t / T; its progress p = phase / pi
+    gives T' = t / p, and the sample is done once t >= T' - 1/2, i.e. p >= 2t / (2t + 1):
+    at t = T - 1 and t = T the margins are about half a step (1 / 2T) either side."""
+    return clock_phase(z) / math.pi - 2 * t / (2 * t + 1)
+
+
+class HaltProbe(nn.Module):
+    """An MLP (one hidden layer of 128) on pooled states (2D,), standardised by the
+    statistics of the states it was fitted on."""
+
+    def __init__(self, d_model: int, hidden: int = 128):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(2 * d_model))
+        self.register_buffer("std", torch.ones(2 * d_model))
+        self.net = nn.Sequential(nn.Linear(2 * d_model, hidden), nn.GELU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., 2D) -> (...,)
+        return self.net((x.float() - self.mean) / self.std)[..., 0]
+
+
+def pooled_states(h: Tensor, scored: Tensor) -> Tensor:
+    """(B, L, D), (B, L) bool -> (B, 2D): the mean state over the answer (scored positions)
+    and over the question up to and including its '=', the first scored position. The '='
+    matters: with NoPE every token of "000" has the state of "0", and only the '=' state,
+    weighted 1/(n + 1) in the mean, makes the question's mean depend on its length."""
+    L = scored.shape[1]
+    first = torch.where(scored.any(1), scored.float().argmax(1), L)
+    question = torch.arange(L, device=scored.device)[None] <= first[:, None]
+    return torch.cat([masked_mean(h, m) for m in (scored, question)], -1)
+
+
+PROBE_EXTRA = 4  # iterations past T(n) in the probe's data: "done" must hold after the right step too
+
+
+@torch.no_grad()
+def probe_data(model: LoopedTransformer, batch: Batch, extra: int = PROBE_EXTRA) -> tuple[Tensor, Tensor]:
+    """(T, B, 2D) pooled states after iterations 1 .. max T_i + extra, and (T, B) bool: t >= T_i."""
+    (h, e, pos), w = start_blanked(model, batch)
+    scored, steps, feats = batch.scored[:, :w], per_sample_steps(batch), []
+    for _ in range(int(steps.max()) + extra):
+        h = model.step(h, e, pos)
+        feats.append(pooled_states(h, scored).float())
+    t = torch.arange(1, len(feats) + 1, device=steps.device)[:, None]
+    return torch.stack(feats), t >= steps[None]
+
+
+PROBE_SAMPLES = 256  # samples per training length the probe is fitted on
+
+
+def fit_probe_on_lengths(model: LoopedTransformer, task, lengths: range, device: torch.device,
+                         steps: int = 1000) -> HaltProbe:
+    """fit_halt_probe on PROBE_SAMPLES fresh samples of each length (seeded by the length:
+    not the test seed's samples)."""
+    return fit_halt_probe(model, [task.sample(PROBE_SAMPLES, n, torch.Generator().manual_seed(n)).to(device)
+                                  for n in lengths], steps)
+
+
+def fit_halt_probe(model: LoopedTransformer, batches: Iterable[Batch], steps: int = 1000, lr: float = 1e-2,
+                   seed: int = 0) -> HaltProbe:
+    """A HaltProbe fitted on a frozen model's states: full-batch Adam on the balanced binary
+    cross-entropy of "done" (t >= T_i) over every iteration up to T_i + PROBE_EXTRA of the
+    samples given (the training lengths)."""
+    xs, ys = zip(*(probe_data(model, b) for b in batches))
+    x = torch.cat([a.flatten(0, 1) for a in xs])
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+        torch.manual_seed(seed)
+        probe = HaltProbe(x.shape[1] // 2).to(x.device)
+    probe.mean.copy_(x.mean(0))
+    probe.std.copy_(x.std(0) + 1e-6)
+    train_probe(lambda: [probe(x)], [torch.cat([a.flatten() for a in ys])], probe.parameters(), steps, lr)
+    return probe.requires_grad_(False)
+
+
+def train_probe(logits, labels: list[Tensor], params, steps: int = 1000, lr: float = 1e-2) -> None:
+    """Full-batch Adam on the balanced binary cross-entropy of `logits()` (a list of tensors,
+    one per group of samples) against `labels` (bool, the same shapes): "done" and "not done"
+    weigh the same however many of each there are."""
+    y = torch.cat([a.flatten() for a in labels]).float()
+    weight = (1 - y).sum() / y.sum().clamp(min=1)
+    optimizer = torch.optim.Adam(params, lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            z = torch.cat([a.flatten() for a in logits()])
+            loss = F.binary_cross_entropy_with_logits(z, y, pos_weight=weight)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def _token_rows(batch: Batch, order: Tensor, layout: Packed) -> tuple[Tensor, Tensor]:
+    """(scored (capacity,) bool, row (capacity,) long) of each packed token; padding rows
+    past the last token are unscored and belong to a row index past the last row."""
+    scored = layout.unpad(batch.scored[order, :layout.width, None].float())[:, 0] > 0
+    widths = torch.tensor(layout.widths, device=scored.device)
+    row = torch.repeat_interleave(torch.arange(layout.rows, device=scored.device), widths)
+    row = F.pad(row, (0, layout.capacity - layout.tokens), value=layout.rows)
+    return scored, row
+
+
+def packed_row_mean(z: Tensor, scored: Tensor, row: Tensor, k: int) -> Tensor:
+    """(N, C) per-token head outputs of packed rows 0..k-1, their scored (N,) and row (N,) ->
+    (k, C): each row's mean over its scored tokens (masked_mean for packed rows)."""
+    s = scored.float()[:, None]
+    return z.new_zeros(k, z.shape[1]).index_add(0, row, z * s) / s.new_zeros(k, 1).index_add(0, row, s).clamp(min=1)
+
+
+def _row_ends(layout: Packed) -> list[int]:
+    """ends[r]: one past the last token of row r - 1 (ends[0] = 0)."""
+    return [0, *itertools.accumulate(layout.widths)]
+
+
+def halt_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:
+    """Balanced binary cross-entropy of the halting logit: "done" at t = T_i, "not done" at t < T_i."""
+    scored, row = _token_rows(batch, order, layout)
+    ends = _row_ends(layout)
+    sums = {True: [], False: []}  # per-row losses of the done and the not-done pairs
+    for h, done, k in every_step:
+        z = model.halt_head(h[:ends[k]]).float()  # (tokens of rows 0..k-1, 1)
+        logit = packed_row_mean(z, scored[:ends[k]], row[:ends[k]], k)[:, 0]
+        label = (torch.arange(k, device=z.device) >= done).float()
+        loss = F.binary_cross_entropy_with_logits(logit, label, reduction="none")
+        sums[True].append(loss[done:])
+        sums[False].append(loss[:done])
+    positive, negative = torch.cat(sums[True]), torch.cat(sums[False])
+    total = positive.mean()
+    if len(negative):
+        total = total + negative.mean()
+    return model.halt_loss_weight * total
+
+
+def uncertain_loss(model: LoopedTransformer, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:
+    """Mean over the scored tokens of every t < T_i of the cross-entropy of the read-out
+    against the uniform distribution, minus its minimum log V (0 = uniform)."""
+    scored, _ = _token_rows(batch, order, layout)
+    ends = _row_ends(layout)
+    total, count = 0.0, 0
+    for h, done, _ in every_step:
+        if done == 0:
+            continue
+        keep = scored[:ends[done]]  # tokens of rows that go on after this iteration
+        z = model.read(h[:ends[done]][keep]).float()  # (n, V)
+        total = total + (z.logsumexp(-1) - z.mean(-1)).sum() - math.log(z.shape[-1]) * len(z)
+        count += len(z)
+    if count == 0:  # every sample has T_i = 1: nothing before the right step
+        return zero_loss(model)
+    return model.halt_loss_weight * total / count
+
+
+def clock_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:
+    """Squared error of the clock (two units, averaged over each sample's scored positions)
+    against (cos, sin) of the phase pi t / T_i, at every iteration t <= T_i, averaged over
+    the (sample, t) pairs: the phase is a fraction of the sample's own computation, the
+    same at every length, where "done" and "not done" label a step count."""
+    scored, row = _token_rows(batch, order, layout)
+    ends = _row_ends(layout)
+    steps = per_sample_steps(batch)[order].float()
+    total, count = 0.0, 0
+    for t, (h, _, k) in enumerate(every_step, start=1):
+        mean = packed_row_mean(model.halt_head(h[:ends[k]]).float(), scored[:ends[k]], row[:ends[k]], k)  # (k, 2)
+        phase = math.pi * t / steps[:k]
+        total = total + (mean - torch.stack([phase.cos(), phase.sin()], -1)).pow(2).sum()
+        count += k
+    return model.halt_loss_weight * total / count
+
+
+def zero_loss(model: nn.Module) -> Tensor:
+    """A zero loss on the model's device that still reaches the graph."""
+    return next(model.parameters()).sum() * 0.0

@@ -1,0 +1,316 @@
+"""Methods: named recipes over a model, a loss and a prediction rule.
+
+A method builds its model, computes the training loss of a Batch and predicts
+the answer tokens at the scored positions. Every method is compared on the
+same metric: exact match of the whole answer (its tokens, and the EOS of tasks
+whose answer length varies).
+
+`ntp` is plain next-token prediction with a decoder. Its exact match is
+computed from one teacher-forced pass: if the argmax at every scored
+position is right, greedy decoding reproduces the answer token by token (each
+step sees only correct earlier tokens), and if any is wrong greedy decoding
+goes wrong at the first such position. So the two exact-match scores are
+identical, and one pass costs a fraction of T decoding passes.
+`token_accuracy` is the teacher-forced per-token accuracy.
+
+`looped` / `looped-wo-injection` are the looped transformer with whole-answer
+prediction and step-dependent supervision (lengthgen.methods.looped.block); `predict` stops
+at the oracle T(n), `predict_stop` takes any rule of lengthgen.methods.looped.stop_rules.
+Baselines: `ntp-loop` (next-token prediction through the looped block run a
+fixed T(train_max) times, with input injection like the looped model, so only
+the output format and the adaptive depth differ) and `ntp-pause` (T(n) BLANK
+pause tokens between question and answer, see `pause_batch`).
+
+`ppc` is Predictive Position Coupling (Golowich et al., ICML 2025): ntp that also
+predicts each next token's coupled position ID, decoded greedily with those IDs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lengthgen.config.schema import Config
+from lengthgen.model.transformer import Transformer
+from lengthgen.methods.looped.halting import HaltingLooped, clock_loss, fit_probe_on_lengths, halt_loss, uncertain_loss
+from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
+from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task
+
+
+class Method:
+    """What callers may ask of a method instead of comparing names:
+    `has_stop_rules`: `predict_stop(model, batch, rule)` reads out a looped model under a
+    rule of lengthgen.methods.looped.stop_rules, and `--stop` / `--per-step` apply;
+    `accepts_position_ids`: the model reads `Batch.position_ids` (task or transform IDs);
+    `has_halt_head`: the model has a halting head that the `halt` rule reads;
+    `needs_answer_region`: the method works on one answer after the question (whole-answer
+    prediction, pause tokens), so tasks scored inside the sequence (Task.answer_region
+    False, e.g. flip-flop) do not suit it;
+    `needs_target_ids`: the method learns the next token's position ID (`Batch.target_ids`),
+    so the task must supply coupled IDs;
+    `model_batch(batch)`: the batch as the model reads it (for sizing position tables);
+    `finish(model, cfg, task, device)`: work on the trained model before its last checkpoint;
+    `metric_names` / `metrics(model, batch)`: the method's own evaluation metrics, per sample."""
+
+    name = ""
+    has_stop_rules = False
+    has_halt_head = False  # the model has a trained halting head (the `halt` stop rule)
+    accepts_position_ids = True
+    needs_answer_region = False
+    needs_target_ids = False
+    metric_names: tuple[str, ...] = ()
+
+    def metrics(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        """{name: (B,) float} for every name in `metric_names`."""
+        return {}
+
+    def build_model(self, cfg: Config, task: Task) -> nn.Module:
+        return Transformer(cfg.model, task.vocab_size)
+
+    def model_batch(self, batch: Batch) -> Batch:
+        return batch
+
+    def finish(self, model: nn.Module, cfg: Config, task: Task, device: torch.device) -> None:
+        """Called once when training ends, before the last checkpoint is written."""
+
+    def logits(self, model: nn.Module, batch: Batch) -> Tensor:  # (B, L, V)
+        raise NotImplementedError
+
+    def last_logits(self, model: nn.Module, batch: Batch, last: Tensor) -> Tensor:  # (B, V)
+        """The logits at column last[b] of each row: a per-token measurement scores one position per
+        row (lengthgen.evaluation.language_model). A method that can skip the read-out elsewhere overrides it."""
+        return self.logits(model, batch)[torch.arange(len(last), device=last.device), last]
+
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        logits = self.logits(model, batch)
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, batch: Batch) -> Tensor:
+        """(B, L) predicted token at every position; only scored ones count."""
+        return self.logits(model, batch).argmax(-1)
+
+
+class NextTokenPrediction(Method):
+    name = "ntp"
+
+    def logits(self, model, batch):
+        return model(batch.inputs, batch.position_ids)
+
+    def last_logits(self, model, batch, last):
+        # the read-out at one column per row: with a large vocabulary it costs as much as the blocks
+        ids = model.position_ids_for(batch.inputs, batch.position_ids)
+        h = model.run_blocks(model.embed(batch.inputs, ids), ids)  # (B, T, D)
+        return model.head(h[torch.arange(len(last), device=last.device), last])  # (B, V)
+
+
+class Looped(Method):
+    name = "looped"
+    has_stop_rules = True
+    needs_answer_region = True
+    injection = True
+    loss_scheme = "prefix"  # or "max" (the authors' way): same loss and gradients, more compute
+
+    def build_model(self, cfg, task):
+        return LoopedTransformer(cfg.model, task.vocab_size, injection=self.injection)
+
+    def logits(self, model, batch):  # each sample after its own T(n) iterations
+        return oracle_logits(model, batch, self.loss_scheme)
+
+    def loss(self, model, batch):  # the same value as Method.loss, without padding the logits
+        return looped_loss(model, batch, self.loss_scheme)
+
+    def predict_stop(self, model, batch: Batch, rule="oracle") -> tuple[Tensor, Tensor]:
+        """(pred (B, L), read-out step (B,)) under a stop rule (text or StopRule), see lengthgen.methods.looped.stop_rules."""
+        from lengthgen.methods.looped.stop_rules import predict_stop
+        return predict_stop(model, batch, rule)
+
+
+class LoopedNoInjection(Looped):
+    name = "looped-wo-injection"
+    injection = False
+
+
+class LoopedHalt(Looped):
+    """The looped model with a halting head trained on every iteration (lengthgen.methods.looped.halting);
+    the `halt` stop rule reads it."""
+    name = "looped-halt"
+    has_halt_head = True
+
+    def build_model(self, cfg, task):
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection)
+        model.halt_loss_weight = cfg.train.halt_loss_weight  # rebuilt with the model, not a weight
+        return model
+
+    def loss(self, model, batch):
+        return looped_loss(model, batch, self.loss_scheme, halt_loss)
+
+
+class LoopedClock(Looped):
+    """The looped model with a clock trained on every iteration to read the phase pi t / T(n)
+    (lengthgen.methods.looped.halting.clock_loss); the `halt` stop rule stops where the clock implies t = T."""
+    name = "looped-clock"
+    has_halt_head = True
+
+    def build_model(self, cfg, task):
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head="clock")
+        model.halt_loss_weight = cfg.train.halt_loss_weight
+        return model
+
+    def loss(self, model, batch):
+        return looped_loss(model, batch, self.loss_scheme, clock_loss)
+
+
+class LoopedHaltProbe(Looped):
+    """Plain `looped` training (the head has no loss, so the block trains bit for bit as
+    `looped`), then a halting probe fitted on the frozen model's states at the training
+    lengths (lengthgen.methods.looped.halting.fit_halt_probe); the `halt` stop rule reads it."""
+    name = "looped-halt-probe"
+    has_halt_head = True
+
+    def build_model(self, cfg, task):  # no gradient for the probe while the block trains (nor DDP's reduction)
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head="probe")
+        model.halt_head.requires_grad_(False)
+        return model
+
+    def finish(self, model, cfg, task, device):
+        was_training = model.training
+        model.eval()
+        lengths = range(cfg.task.train_min, cfg.task.train_max + 1)
+        model.halt_head.load_state_dict(fit_probe_on_lengths(model, task, lengths, device).state_dict())
+        model.train(was_training)
+
+
+class LoopedUncertain(Looped):
+    """The looped model trained to be unconfident before T(n) (lengthgen.methods.looped.halting); the
+    `first-confident` stop rule reads it."""
+    name = "looped-uncertain"
+
+    def build_model(self, cfg, task):
+        model = super().build_model(cfg, task)
+        model.halt_loss_weight = cfg.train.halt_loss_weight
+        return model
+
+    def loss(self, model, batch):
+        return looped_loss(model, batch, self.loss_scheme, uncertain_loss)
+
+
+def steps_at(task: Task, length: int) -> int:
+    """T(length): the largest n_steps over a fixed sample (it varies with the
+    sample for multiplication, whose T is len(a) * n)."""
+    return int(task.sample(256, length, torch.Generator().manual_seed(0)).n_steps.max())
+
+
+class NTPLoop(Method):
+    name = "ntp-loop"
+
+    def build_model(self, cfg, task):
+        model = LoopedTransformer(cfg.model, task.vocab_size, injection=True)
+        model.n_loops = steps_at(task, cfg.task.train_max)  # rebuilt with the model, not a weight
+        return model
+
+    def logits(self, model, batch):
+        return model(batch.inputs, batch.position_ids, n_steps=model.n_loops)
+
+
+def pause_batch(batch: Batch, n_pause: Tensor | None = None) -> Batch:
+    """Insert n_pause[b] (default T(n) = n_steps) BLANK pause tokens after the
+    question of row b. The pauses join the question (question_len grows), so
+    the scored region, answer + EOS, shifts right by n_pause[b]. Vectorised."""
+    if batch.position_ids is not None:
+        raise ValueError("ntp-pause does not support explicit position_ids")
+    p = (batch.n_steps if n_pause is None else n_pause).clamp(min=0)[:, None]  # (B, 1)
+    q = batch.question_len[:, None]  # (B, 1)
+    B, L = batch.inputs.shape
+    scored_end = q + batch.scored.sum(1, keepdim=True) - 1 + p  # (B, 1) one past the last scored column
+    width = int(scored_end.max())
+    j = torch.arange(width, device=p.device)[None, :]  # (1, W')
+    src = (j - p).clamp(0, L - 1)  # (B, W') column of the original batch after the pauses
+    shifted_in = torch.where(j - p < L, batch.inputs.gather(1, src), PAD)
+    inputs = torch.where(j < q, batch.inputs.gather(1, j.clamp(max=L - 1).expand(B, -1)),
+                         torch.where(j < q + p, BLANK, shifted_in))
+    targets = torch.where((j >= q - 1 + p) & (j < scored_end), batch.targets.gather(1, src), IGNORE)
+    return Batch(inputs=inputs, targets=targets, question_len=batch.question_len + p[:, 0],
+                 lengths=batch.lengths, n_steps=batch.n_steps)
+
+
+class NTPPause(Method):
+    name = "ntp-pause"
+    accepts_position_ids = False  # pause_batch lays the sequence out anew
+    needs_answer_region = True
+
+    def model_batch(self, batch):
+        return pause_batch(batch)
+
+    def logits(self, model, batch):
+        """(B, L, V) in the original layout: scored position j of row b reads
+        the paused logits at j + n_pause[b]."""
+        paused = pause_batch(batch)
+        logits = model(paused.inputs)  # (B, W', V)
+        j = torch.arange(batch.inputs.shape[1], device=logits.device)[None, :]
+        p = batch.n_steps.clamp(min=0)[:, None]
+        src = torch.where(j >= batch.question_len[:, None] - 1, j + p, j).clamp(max=logits.shape[1] - 1)
+        return logits.gather(1, src[:, :, None].expand(-1, -1, logits.shape[2]))
+
+
+class PredictivePositionCoupling(Method):
+    """Next-token prediction plus a second head on the same hidden state that predicts the
+    position ID of the next token, trained on the task's coupled IDs (`Batch.target_ids`)
+    with cross-entropy added to the token loss times `train.id_loss_weight`. At inference
+    every generated token takes the ID the model predicted for it: greedy decoding with a
+    KV cache (lengthgen.model.generate), so exact match is that of real generation."""
+
+    name = "ppc"
+    needs_target_ids = True
+    metric_names = ("id_accuracy",)
+
+    def build_model(self, cfg, task):
+        model = Transformer(cfg.model, task.vocab_size)
+        model.id_head = nn.Linear(cfg.model.d_model, cfg.model.max_positions, bias=False)  # ID classes 0..max-1
+        model.id_loss_weight = cfg.train.id_loss_weight  # rebuilt with the model, not a weight
+        return model
+
+    def hidden(self, model, batch) -> Tensor:  # (B, L, D) after the final norm
+        ids = model.position_ids_for(batch.inputs, batch.position_ids)
+        return model.ln_f(model.run_blocks(model.embed(batch.inputs, ids), ids))
+
+    def logits(self, model, batch):  # the token logits of a teacher-forced pass
+        return model.read_out(self.hidden(model, batch))
+
+    def loss(self, model, batch):
+        if batch.target_ids is None:
+            raise ValueError("ppc needs a task that supplies coupled position IDs (e.g. task.options.coupled = true)")
+        h = self.hidden(model, batch)
+        tokens = F.cross_entropy(model.read_out(h).flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+        ids = F.cross_entropy(model.id_head(h).flatten(0, 1).float(), batch.target_ids.flatten(), ignore_index=IGNORE)
+        return tokens + model.id_loss_weight * ids
+
+    @torch.no_grad()
+    def metrics(self, model, batch):
+        """id_accuracy: the share of a sample's answer positions whose next ID the ID head
+        predicts right, given the true tokens and IDs before it (teacher-forced)."""
+        scored = batch.target_ids != IGNORE
+        hit = (model.id_head(self.hidden(model, batch)).argmax(-1) == batch.target_ids) & scored
+        return {"id_accuracy": hit.sum(1).float() / scored.sum(1).clamp(min=1)}
+
+    @torch.no_grad()
+    def predict(self, model, batch):
+        from lengthgen.model.generate import generate_answers
+        return generate_answers(model, batch, next_id=predicted_id)
+
+
+def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
+    """PPC's ID for the next token: the argmax of the ID head on the last hidden state."""
+    return model.id_head(model.ln_f(hidden)).argmax(-1)
+
+
+METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
+                                    "looped-wo-injection": LoopedNoInjection,
+                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe,
+                                    "looped-uncertain": LoopedUncertain, "looped-clock": LoopedClock,
+                                    "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
+                                    "ppc": PredictivePositionCoupling}
+
+
+def get_method(name: str) -> Method:
+    return METHODS[name]()

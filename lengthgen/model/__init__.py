@@ -1,0 +1,1 @@
+"""The decoder: attention, positional schemes, position-ID transforms, the transformer, generation."""

@@ -1,0 +1,373 @@
+"""Causal self-attention with three paths, chosen by the positional scheme.
+
+- fast:    no logit hook -> F.scaled_dot_product_attention(is_causal=True), so
+           flash / memory-efficient kernels apply (NoPE, learned, sinusoidal, RoPE).
+           Except bf16/fp16 on CPU: there torch's CPU flash kernel was 1.5-14x
+           slower (forward + backward) than `math_causal_attention` (two
+           batched matmuls and a float32 softmax) at the looped models' shapes,
+           while in fp32 it was 3-11x faster than them
+           (benchmarks/attention_paths.py). GPU paths are unchanged.
+- bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
+- content: `scheme.has_content` -> the scheme computes the attention itself
+           (`attend`: TRA and CoPE run `tra_attention` / `cope_attention` below,
+           queries in chunks so a long window never holds a (T, T) tensor),
+           or returns the full masked logits (`content_logits`), softmaxed in
+           float32 here; a row with no kept key gives 0.
+
+RoPE-style rotation is applied in every path, before the logits are formed.
+
+Recording: when the scheme's `keep` is a dict, every path also records its attention
+weights (layer -> list of (B, H, queries, keys) chunks, detached; only the last query's
+row when `scheme.keep_last`): the content schemes from inside their own attention, the
+others by `attention_weights` beside the unchanged fast path, so a recorded forward pass
+returns the same output as an unrecorded one.
+
+Packed rows (`Packed`): the looped model's step-dependent loss keeps rows of
+different widths as one (N, D) token array, so the per-token layers (LayerNorm,
+the q/k/v and output projections, the MLP: nearly all the FLOPs) touch no
+padding. Only attention pads them to (rows, widest) and back; padding sits
+after each row's last token, so causal attention never lets it reach a real one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from lengthgen.config.schema import ModelConfig
+
+
+@dataclass(frozen=True)
+class AttentionDropout:
+    """Where attention dropout acts (model.attn_dropout_on). `weights`: on the softmax's output,
+    as GPT-2 and the TRA paper describe it. `logits`: on the logits before the mask and the
+    softmax, as the TRA authors' notebook does (`A = dropout(S + D)`): a dropped logit becomes 0,
+    the kept ones are scaled by 1 / (1 - p), and the mask keeps its support (a masked key stays
+    out), but a dropped key can become the most attended one."""
+
+    p: float = 0.0
+    on: str = "weights"
+
+    def logits(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p) if self.p and self.on == "logits" else x
+
+    def weights(self, att: Tensor) -> Tensor:
+        return F.dropout(att, self.p) if self.p and self.on == "weights" else att
+
+
+NO_DROPOUT = AttentionDropout()
+
+
+def causal_mask(T: int, device=None, dtype=torch.float32) -> Tensor:
+    """(T, T) additive mask: 0 on and below the diagonal, -inf above it."""
+    return torch.full((T, T), float("-inf"), device=device, dtype=dtype).triu(1)
+
+
+def masked_softmax(logits: Tensor) -> Tensor:
+    """Softmax over the last dim in float32; a row whose every logit is -inf
+    gives all zeros instead of NaN (a content scheme may drop every key)."""
+    logits = logits.float()
+    dead = torch.isneginf(logits).all(dim=-1, keepdim=True)  # (..., T, 1)
+    # Fill dead rows with 0 *before* the softmax so neither the forward nor the
+    # backward pass ever sees NaN, then zero their weights.
+    att = torch.softmax(logits.masked_fill(dead, 0.0), dim=-1)
+    return att.masked_fill(dead, 0.0)
+
+
+def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDropout = NO_DROPOUT) -> Tensor:
+    """Causal softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) inputs, as SDPA
+    with is_causal=True, but with plain batched matmuls and a float32 softmax.
+
+    The scale and the causal mask ride along in the logits matmul (baddbmm:
+    mask + scale * q k^T), and the softmax casts inside its own kernel: three
+    separate passes over the (B, H, T, T) logits (scale, mask, cast) cost a
+    Parity bf16 step about as much as its attention matmuls.
+
+    Precision: in bf16 the scores leave the matmul rounded to bf16 (8 bits of
+    mantissa) before the float32 softmax, where SDPA keeps them in float32.
+    With sharp attention (scores of 10 and more) the output is then 10-45x
+    less accurate than SDPA's on the same bf16 inputs; the Parity accuracy in
+    bf16 was unchanged (docs/results.md, "Parity in bf16"). torch has no
+    bf16-in, float32-out batched matmul on CPU to avoid it at no cost."""
+    B, H, T, Dh = q.shape
+    mask = causal_mask(T, q.device, q.dtype)  # (T, T), broadcast over B * H
+    if dropout.p and dropout.on == "logits":  # dropped before the mask is added: scores first
+        logits = dropout.logits(torch.bmm(q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2))
+                                * Dh ** -0.5) + mask
+    else:
+        logits = torch.baddbmm(mask, q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2),
+                               alpha=Dh ** -0.5)  # (B * H, T, T), in q's dtype as before the cast
+    att = dropout.weights(torch.softmax(logits, dim=-1, dtype=torch.float32))
+    return (att.to(v.dtype) @ v.reshape(B * H, T, Dh)).view(B, H, T, Dh)
+
+
+def biased_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout: AttentionDropout) -> Tensor:
+    """softmax(dropout(q k^T / sqrt(Dh) + bias) + causal mask) v with dropout on the logits (the
+    TRA notebook's): SDPA drops weights only. bias (B|1, H, T, T) or 0."""
+    T, Dh = q.shape[-2], q.shape[-1]
+    logits = dropout.logits((q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + bias) + causal_mask(T, q.device)
+    return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+
+
+# A chunk of c queries holds several (rows, c, T) float tensors at once; with many rows
+# (an evaluation batch of 256 at T = 512) c = 512 made 1 GB tensors. So a chunk is also
+# capped at this many scores (16 MiB per float32 tensor): on CPU, 2^22 ran CoPE's and TRA's
+# forward + backward 3x faster than 2^24 at the mini block's training shape (batch 64,
+# window 256) and their inference at batch 256, window 512, 3-4x faster (2^20: no faster).
+MAX_CHUNK_SCORES = 2 ** 22
+
+
+def query_spans(T: int, chunk: int, rows: int = 1) -> list[tuple[int, int]]:
+    """[start, end) of each chunk of queries. chunk 0 = all T at once; otherwise at most
+    `chunk` queries and at most MAX_CHUNK_SCORES scores over `rows` (batch x heads) rows."""
+    if chunk:
+        chunk = max(1, min(chunk, MAX_CHUNK_SCORES // (rows * T)))
+    else:
+        chunk = T
+    return [(s, min(T, s + chunk)) for s in range(0, T, chunk)]
+
+
+def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: int = 0,
+                  dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None, keep_last: bool = False) -> Tensor:
+    """Threshold Relative Attention (Opper et al., TMLR 2025), causal, per head.
+
+    q, k, v (B, H, T, Dh); gate_logit (B, H, T), the forget gate before its logsigmoid.
+    q and k are RMS-normalised over Dh (no learned scale); s_ij = relu(q_i . k_j / sqrt(Dh));
+    keys with s_ij = 0 and future keys are dropped; n_ij = the number of kept keys m with
+    j <= m <= i (the most recent kept key has 1); logits s_ij + n_ij * logsigmoid(gate_i)
+    over the kept keys, softmax, and a row with no kept key outputs 0. Returns (B, H, T, Dh).
+
+    Queries run `chunk` at a time (0 = all at once; fewer if the batch is large, see
+    `query_spans`): a chunk of c queries sees only the
+    keys up to its last query, so memory is O(c * T), never (T, T), and the result is the
+    same. `keep`, if a list, gets each chunk's attention weights (B, H, c, keys), detached
+    (with `keep_last`, only the last query's row, (B, H, 1, T))."""
+    Dh, T = q.shape[-1], q.shape[-2]
+    q, k = F.rms_norm(q, (Dh,)), F.rms_norm(k, (Dh,))
+    gate = F.logsigmoid(gate_logit.float())[..., None]  # (B, H, T, 1), <= 0: forgetting grows with distance
+    out = []
+    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1]):
+        raw = (q[:, :, s:e] @ k[:, :, :e].transpose(-2, -1)).float() * Dh ** -0.5  # (B, H, c, e)
+        causal = torch.arange(e, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
+        kept = (raw > 0) & causal  # relu(raw) = 0 drops the key; where kept, relu(raw) = raw
+        counts = kept.cumsum(-1, dtype=raw.dtype)  # kept keys in [0, j]; the last column: all up to i
+        distance = counts[..., -1:] - counts + kept  # kept keys in [j, i]
+        dead = counts[..., -1:] == 0  # (B, H, c, 1): a query that kept no key
+        # a dead row keeps its raw scores (finite, so no NaN anywhere) and its output is zeroed below
+        logits = dropout.logits(torch.addcmul(raw, distance, gate[:, :, s:e]))  # the notebook's dropout(S + D)
+        att = torch.softmax(torch.where(kept | dead, logits, float("-inf")), dim=-1)
+        if keep is not None and (not keep_last or e == T):
+            weights = att.masked_fill(dead, 0.0).detach()
+            keep.append(weights[..., -1:, :] if keep_last else weights)
+        y = dropout.weights(att).to(v.dtype) @ v[:, :, :e]  # (B, H, c, Dh)
+        out.append(y.masked_fill(dead, 0.0))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: int, chunk: int = 0,
+                   dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None, keep_last: bool = False) -> Tensor:
+    """Contextual position encoding (Golovneva et al., 2024), causal.
+
+    q, k, v (B, H, T, Dh); pos_emb (Dh, npos_max), the position vectors E[p].
+    Gates g_ij = sigmoid(q_i . k_j / sqrt(Dh)) for j <= i (0 for the future); positions
+    p_ij = sum_{m=j..i} g_im, clamped to npos_max - 1; z_i[p] = q_i . E[p] at integer p,
+    linearly interpolated between floor(p) and ceil(p); logits (q_i . k_j + z_i[p_ij]) / sqrt(Dh).
+    Returns (B, H, T, Dh). Queries run `chunk` at a time (0 = all), and `keep` records, as in
+    `tra_attention`."""
+    Dh, T = q.shape[-1], q.shape[-2]
+    out = []
+    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1]):
+        qc = q[:, :, s:e]
+        dots = (qc @ k[:, :, :e].transpose(-2, -1)).float()  # (B, H, c, e)
+        causal = torch.arange(e, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
+        gates = torch.sigmoid(dots * Dh ** -0.5).masked_fill(~causal, 0.0)
+        sums = gates.cumsum(-1)  # gates of keys [0, j]; the last column: all up to i
+        pos = (sums[..., -1:] - sums + gates).clamp(max=npos_max - 1)  # gates of keys [j, i], (B, H, c, e)
+        z = (qc @ pos_emb.to(qc.dtype)).float()  # (B, H, c, npos_max): q . E[p] at every integer p
+        low = pos.floor()
+        frac = pos - low
+        low = low.long()
+        high = (low + 1).clamp(max=npos_max - 1)
+        z_at = z.gather(-1, high) * frac + z.gather(-1, low) * (1 - frac)  # (B, H, c, e)
+        logits = dropout.logits((dots + z_at) * Dh ** -0.5).masked_fill(~causal, float("-inf"))
+        att = torch.softmax(logits, dim=-1)  # every query keeps itself: no empty row
+        if keep is not None and (not keep_last or e == T):
+            keep.append((att[..., -1:, :] if keep_last else att).detach())
+        out.append(dropout.weights(att).to(v.dtype) @ v[:, :, :e])
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def attention_weights(q: Tensor, k: Tensor, bias: Tensor | None = None, last: bool = False) -> Tensor:
+    """The causal softmax(q k^T / sqrt(Dh) + bias) weights the fast and bias paths compute inside
+    SDPA, in float32: (B, H, T, T), or with `last` only the last query's row (B, H, 1, T), which
+    costs O(T) and is what a per-token measurement needs. bias (B|1, H, T, T) or None."""
+    T, Dh = q.shape[-2], q.shape[-1]
+    if last:
+        logits = (q[..., -1:, :] @ k.transpose(-2, -1)).float() * Dh ** -0.5  # (B, H, 1, T): all keys are before it
+        return torch.softmax(logits if bias is None else logits + bias[..., -1:, :], dim=-1)
+    logits = (q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + causal_mask(T, q.device)
+    return torch.softmax(logits if bias is None else logits + bias, dim=-1)
+
+
+def record(keep: dict, layer: int, weights: Tensor, last: bool) -> None:
+    """Append a layer's weights (B, H, queries, keys) to a scheme's `keep` dict."""
+    keep.setdefault(layer, []).append((weights[..., -1:, :] if last else weights).detach())
+
+
+def use_math_attention(q: Tensor) -> bool:
+    """Low-precision attention on CPU: see the module docstring for why."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+
+
+class Packed:
+    """Layout of k rows of widths w_r stored row after row as (N = sum w_r, C) tokens.
+
+    Padding and unpadding split the tokens (or rows) into runs of equal-width
+    rows (the looped loss sorts rows so that equal widths sit together) and
+    concatenate the padded (or trimmed) runs: their backward passes are one
+    concatenation and plain copies. One slice per run would cost a zero-filled
+    gradient of the whole array per run in the backward pass; gathers with an
+    index tensor (backward: index_put with accumulation) made a bf16 Parity
+    step on CPU slower than no packing at all.
+
+    `multiple`: the token array has `capacity` rows, the token count rounded up
+    to this multiple; the extra rows are zeros that only the per-token layers
+    see. Few distinct shapes matter on CPU in bf16, where oneDNN builds a new
+    matmul kernel for every new shape: with an exact count every fresh batch
+    brings new shapes, and a bf16 Parity step took 1.7x longer
+    (benchmarks/looped_speed.py --token-multiple 1).
+    """
+
+    def __init__(self, widths: list[int], multiple: int = 1):
+        self.widths = list(widths)  # each row's width, in row order
+        self.rows, self.width, self.tokens = len(widths), max(widths), sum(widths)
+        self.capacity = -(-self.tokens // multiple) * multiple
+        self.runs: list[tuple[int, int]] = []  # (rows, width) of each run of equal-width rows
+        for w in widths:
+            if self.runs and self.runs[-1][1] == w:
+                self.runs[-1] = (self.runs[-1][0] + 1, w)
+            else:
+                self.runs.append((1, w))
+
+    # Run eagerly inside a compiled block (train.compile): the runs are Python integers that change
+    # with every batch's widths, and a traced pad would be recompiled for each layout (8 graphs in
+    # 8 steps of a tiny looped Parity run, then torch gives up); outside the graph they cost nothing.
+    @torch.compiler.disable
+    def pad(self, x: Tensor) -> Tensor:
+        """(capacity or tokens, C) tokens -> (k, W, C) rows, zeros past each row's end."""
+        C, W = x.shape[-1], self.width
+        runs = x.split([rows * w for rows, w in self.runs] + [x.shape[0] - self.tokens])
+        parts = [F.pad(run.view(rows, w, C), (0, 0, 0, W - w)) for run, (rows, w) in zip(runs, self.runs)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    @torch.compiler.disable
+    def unpad(self, y: Tensor) -> Tensor:
+        """(k, W, C) rows -> (capacity, C) tokens, zeros after the last real one."""
+        C = y.shape[-1]
+        runs = y.split([rows for rows, _ in self.runs])
+        parts = [run[:, :w].reshape(rows * w, C) for run, (rows, w) in zip(runs, self.runs)]
+        if self.capacity > self.tokens:
+            parts.append(y.new_zeros(self.capacity - self.tokens, C))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class KVCache:
+    """The keys and values of the tokens already run, per layer, so that decoding runs one
+    new token at a time (lengthgen.model.generate). Keys are stored after `scheme.rotate`, so a
+    new query meets them exactly as in a full pass. Only schemes without a bias or content
+    hook can use it (nope, learned, sinusoidal, rope): ALiBi's bias and TRA's and CoPE's
+    attention are computed over whole windows."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, tuple[Tensor, Tensor]] = {}
+        self.length = 0  # tokens cached (the model advances it after each pass)
+
+    @torch.compiler.disable  # its growing length would be a new graph per decoded token
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append k, v (B, H, T, Dh) to the layer's cache; return all of its keys and values."""
+        if layer in self.layers:
+            old_k, old_v = self.layers[layer]
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        self.layers[layer] = (k, v)
+        return k, v
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """q (B, H, Tq, Dh), the last Tq of Tk tokens, over k, v (B, H, Tk, Dh), causal."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    if Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    seen = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        assert cfg.d_model % cfg.n_head == 0, "model.n_head must divide model.d_model"
+        self.layer = layer  # passed to content schemes, which may hold per-layer parameters
+        self.n_head = cfg.n_head
+        self.d_model = cfg.d_model
+        self.dropout = AttentionDropout(cfg.attn_dropout, cfg.attn_dropout_on)
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias and cfg.qkv_bias)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.resid_drop = nn.Dropout(cfg.dropout)
+        # T5's logits are q . k, unscaled (model.attn_scale = false): every path below divides by
+        # sqrt(Dh), so q is multiplied by it first, the same logits in every path
+        self.q_factor = 1.0 if cfg.attn_scale else (cfg.d_model // cfg.n_head) ** 0.5
+
+    def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
+                packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
+        """x (B, T, D), or packed rows (N, D) with their layout `packed`; `scheme` a
+        lengthgen.model.positions.PositionalScheme; `cache`: the earlier tokens' keys and values
+        (x holds the tokens after them)."""
+        qkv = self.c_attn(x)  # (B, T, 3D) or (N, 3D)
+        if packed is not None:
+            qkv = packed.pad(qkv)  # (B, T, 3D): rows padded for attention only
+            x = packed.pad(x) if scheme.has_content else None
+        B, T, C = qkv.shape[0], qkv.shape[1], self.d_model
+        H, Dh = self.n_head, C // self.n_head
+        q, k, v = qkv.split(C, dim=2)  # (B, T, D) each
+        q = q.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        v = v.view(B, T, H, Dh).transpose(1, 2)  # (B, H, T, Dh)
+        q, k = scheme.rotate(q, k, position_ids)
+        if self.q_factor != 1.0:
+            q = q * self.q_factor
+        dropout = self.dropout if self.training else NO_DROPOUT
+        p = dropout.p if dropout.on == "weights" else 0.0  # what SDPA's dropout_p may take
+
+        keep = getattr(scheme, "keep", None)  # a dict: record this layer's weights (content schemes do it inside)
+        if keep is not None and not scheme.has_content and cache is None:
+            record(keep, self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
+                                                       scheme.keep_last), scheme.keep_last)
+        if cache is not None:
+            y = cached_attention(q, *cache.extend(self.layer, k, v))
+        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout)) is not None:
+            pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
+        elif scheme.has_content:
+            logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme
+            if scheme.has_bias:
+                logits = logits + scheme.bias(position_ids)
+            att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
+            if keep is not None:
+                record(keep, self.layer, att, scheme.keep_last)
+            y = att.to(v.dtype) @ v  # (B, H, T, Dh)
+        elif dropout.p and dropout.on == "logits":
+            y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout)
+        elif scheme.has_bias:
+            mask = scheme.bias(position_ids) + causal_mask(T, q.device)  # (B|1, H, T, T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
+        elif use_math_attention(q):
+            y = math_causal_attention(q, k, v, dropout)  # (B, H, T, Dh)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
+
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, D): heads side by side
+        if packed is not None:
+            y = packed.unpad(y)  # (N, D)
+        return self.resid_drop(self.c_proj(y))
+

@@ -1,0 +1,279 @@
+"""Positional schemes behind one interface with four hooks.
+
+A scheme can act in four places (x-transformers separates them the same way):
+
+1. `embed(x, position_ids)`       added to the input embedding   (learned, sinusoidal, coupled IDs)
+2. `rotate(q, k, position_ids)`   applied to queries and keys     (RoPE)
+3. `bias(position_ids)`           additive attention-logit bias   (ALiBi)
+4. `content_logits(q, k, x, layer)` logits computed from content, or
+   `attend(q, k, v, x, layer, dropout)` the whole attention     (CoPE, TRA)
+
+The base class does nothing in every hook, which is exactly NoPE. Position IDs
+are always passed in explicitly, shape (B, T) or (1, T) (one row broadcast over
+the batch), so random offsets, PoSE skips and coupled or predicted IDs need no
+model change: a scheme must compute from the IDs it is given, never assume
+0..T-1.
+
+Attention reads the class flags `has_bias` / `has_content` to choose its path:
+with neither it runs plain causal SDPA (the fast kernels); see attention.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from lengthgen.model.attention import AttentionDropout, cope_attention, tra_attention
+from lengthgen.config.schema import ModelConfig
+
+
+def default_position_ids(seq_len: int, device=None) -> Tensor:
+    """0..T-1 as one row, (1, T) long: broadcasts over any batch size, and a
+    (1, H, T, T) ALiBi bias costs B times less memory than a (B, H, T, T) one."""
+    return torch.arange(seq_len, device=device, dtype=torch.long)[None, :]
+
+
+def _check_table(position_ids: Tensor, max_positions: int, name: str) -> None:
+    # A table lookup past the end would be an opaque index error (or, for the
+    # sinusoidal table, a silent extrapolation the config did not ask for).
+    hi, lo = int(position_ids.max()), int(position_ids.min())
+    if hi >= max_positions or lo < 0:
+        raise ValueError(
+            f"position id {hi if hi >= max_positions else lo} is outside the {name} table "
+            f"[0, {max_positions}); raise model.max_positions (now {max_positions})"
+        )
+
+
+class PositionalScheme(nn.Module):
+    """The scheme that does nothing: NoPE. Subclasses override only the hooks they use."""
+
+    has_bias = False  # True if `bias` returns a tensor
+    has_content = False  # True if `content_logits` returns a tensor
+    # Attention recording, for every scheme: set `keep` to a dict and each layer appends its weights
+    # (layer -> list of (B, H, queries, keys) chunks; attention.py); `keep_last` keeps only the last
+    # query's row (a per-token measurement needs no more, and it costs O(T), not O(T^2)).
+    keep: dict | None = None
+    keep_last: bool = False
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.n_head = cfg.n_head
+        self.n_layer = cfg.n_layer  # so content schemes can hold per-layer parameters
+        self.head_dim = cfg.d_model // cfg.n_head
+        self.max_positions = cfg.max_positions
+
+    def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        """x (B, T, D), position_ids (B|1, T) long -> (B, T, D)."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """q, k (B, H, T, Dh) -> rotated q, k, same shapes."""
+        return q, k
+
+    def bias(self, position_ids: Tensor) -> Tensor | None:
+        """Additive logit bias broadcastable to (B, H, T, T), or None. Attention
+        adds the causal mask itself, so the bias need not mask the future."""
+        return None
+
+    def content_logits(self, q: Tensor, k: Tensor, x: Tensor, layer: int) -> Tensor | None:
+        """Full attention logits (B, H, T, T) from q, k (B, H, T, Dh, after `rotate`)
+        and the block input x (B, T, D), or None. The scheme owns the scaling
+        and all masking: future keys and any key it drops must be -inf. A row
+        with every key -inf gives a zero output (not NaN). `layer` is the block
+        index, for schemes with per-layer parameters."""
+        return None
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int,
+               dropout: AttentionDropout) -> Tensor | None:
+        """The attention output (B, H, T, Dh) computed by the scheme itself (a content
+        scheme that needs more than logits: chunked queries, its own masking), or None to
+        let attention softmax `content_logits`. `dropout` acts on the logits or the weights."""
+        return None
+
+
+class LearnedPositions(PositionalScheme):
+    """GPT-2 learned absolute positions: a (max_positions, D) table added to x, drawn from
+    N(0, std^2): GPT-2's 0.02 by default; 1.0 is T5's, as Cho et al.'s coupling draws it (a row
+    then as large as a token's N(0, 1) embedding under init torch or t5, not 50x smaller)."""
+
+    def __init__(self, cfg: ModelConfig, std: float = 0.02):
+        super().__init__(cfg)
+        if isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std < 1e3:
+            raise ValueError(f"learned: std must be a number in (0, 1000), got {std!r}")
+        self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
+        nn.init.normal_(self.wpe.weight, mean=0.0, std=float(std))  # the scheme owns its init
+
+    def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        _check_table(position_ids, self.max_positions, "learned position")
+        return x + self.wpe(position_ids)  # (B|1, T, D) broadcasts over the batch
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
+    """Vaswani et al.: PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(same)."""
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (P, 1)
+    inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (ceil(D/2),)
+    table = torch.zeros(n_positions, dim)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv)[:, : dim // 2]  # odd D has one fewer cos column
+    return table  # (P, D)
+
+
+class SinusoidalPositions(PositionalScheme):
+    """Fixed sinusoidal table added to x (no parameters)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        # Not persistent: it is a pure function of the config, so checkpoints
+        # need not carry it and old checkpoints stay loadable if it changes.
+        self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+
+    def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        _check_table(position_ids, self.max_positions, "sinusoidal position")
+        return x + self.table[position_ids].to(x.dtype)  # (B|1, T, D)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # pairs are (x[i], x[i + Dh/2])
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotate_interleaved(x: Tensor) -> Tensor:
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # pairs are (x[2i], x[2i+1])
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+class RoPE(PositionalScheme):
+    """Rotary embeddings (Su et al.): rotate each pair of q/k dimensions by
+    angle pos * theta^(-2i/Dh), so q_i . k_j depends only on pos_i - pos_j.
+
+    style "half" pairs dim i with i + Dh/2 (GPT-NeoX / Llama layout);
+    "interleaved" pairs 2i with 2i+1 (the paper's and GPT-J's layout). Both are
+    the same function up to a fixed permutation of the head dimensions.
+    """
+
+    def __init__(self, cfg: ModelConfig, theta: float = 10000.0, style: str = "half"):
+        super().__init__(cfg)
+        if self.head_dim % 2:
+            raise ValueError(f"rope needs an even head width, got d_model/n_head = {self.head_dim}")
+        if style not in ("half", "interleaved"):
+            raise ValueError(f"rope style must be half or interleaved, got {style!r}")
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+            raise ValueError(f"rope theta must be a finite number > 0, got {theta!r}")
+        self.style = style
+        inv_freq = float(theta) ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,)
+
+    def cos_sin(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        # Computed from the IDs on every call (no arange cache): it is a
+        # (B, T, Dh/2) outer product, cheap next to attention, and it is
+        # correct for shifted, skipped or coupled IDs by construction.
+        angles = position_ids.float()[..., None] * self.inv_freq  # (B|1, T, Dh/2)
+        if self.style == "half":
+            angles = torch.cat((angles, angles), dim=-1)  # (B|1, T, Dh)
+        else:
+            angles = angles.repeat_interleave(2, dim=-1)  # (B|1, T, Dh)
+        return angles.cos()[:, None], angles.sin()[:, None]  # (B|1, 1, T, Dh): broadcast over heads
+
+    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_sin(position_ids)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        turn = _rotate_half if self.style == "half" else _rotate_interleaved
+        return q * cos + turn(q) * sin, k * cos + turn(k) * sin  # (B, H, T, Dh) each
+
+
+def alibi_slopes(n_head: int) -> list[float]:
+    """Head slopes exactly as the ALiBi reference code (Press et al., `get_slopes`):
+    a geometric sequence starting at 2^(-8/n) for n a power of two; otherwise
+    the slopes of the closest smaller power of two, then every other slope of
+    twice that many heads."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n_head).is_integer():
+        return power_of_2(n_head)
+    closest = 2 ** math.floor(math.log2(n_head))
+    return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: n_head - closest]
+
+
+class ALiBi(PositionalScheme):
+    """Linear biases (Press et al.): logit += -slope_h * (pos_i - pos_j)."""
+
+    has_bias = True
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(cfg.n_head)), persistent=False)  # (H,)
+
+    def bias(self, position_ids: Tensor) -> Tensor:
+        pos = position_ids.float()
+        dist = pos[:, :, None] - pos[:, None, :]  # (B|1, T, T): pos_i - pos_j
+        return -self.slopes[None, :, None, None] * dist[:, None]  # (B|1, H, T, T)
+
+
+class CoPE(PositionalScheme):
+    """Contextual position encoding (Golovneva et al., 2024): positions count the keys a
+    query's gates let through (`attention.cope_attention`). Per layer, learned position
+    vectors E (head_dim, npos_max), zero-initialised, shared by the heads.
+    `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once)."""
+
+    has_content = True
+
+    def __init__(self, cfg: ModelConfig, npos_max: int = 64, chunk: int = 512):
+        super().__init__(cfg)
+        for key, value in (("npos_max", npos_max), ("chunk", chunk)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "npos_max" else 0):
+                raise ValueError(f"cope {key} must be an integer >= {1 if key == 'npos_max' else 0}, got {value!r}")
+        self.npos_max, self.chunk = npos_max, chunk
+        self.pos_emb = nn.ParameterList(nn.Parameter(torch.zeros(self.head_dim, npos_max))
+                                        for _ in range(cfg.n_layer))
+
+    def attend(self, q, k, v, x, layer, dropout):
+        kept = self.keep.setdefault(layer, []) if self.keep is not None else None
+        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, self.keep_last)
+
+
+class TRA(PositionalScheme):
+    """Threshold Relative Attention (Opper et al., TMLR 2025), instead of any positional
+    encoding: keys scoring <= 0 are dropped, and distance counts only the kept keys,
+    weighted by a per-head forget gate of the query (`attention.tra_attention`). Per layer,
+    the gate is Linear(d_model, n_head) with a bias, torch's default init.
+    `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once).
+    Set `keep` to a dict to collect each layer's attention weights (layer -> list of chunks)."""
+
+    has_content = True
+
+    def __init__(self, cfg: ModelConfig, chunk: int = 512):
+        super().__init__(cfg)
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+            raise ValueError(f"tra chunk must be an integer >= 0, got {chunk!r}")
+        self.chunk = chunk
+        self.gates = nn.ModuleList(nn.Linear(cfg.d_model, cfg.n_head) for _ in range(cfg.n_layer))
+
+    def attend(self, q, k, v, x, layer, dropout):
+        gate_logit = self.gates[layer](x).transpose(1, 2)  # (B, H, T)
+        kept = self.keep.setdefault(layer, []) if self.keep is not None else None
+        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept, self.keep_last)
+
+
+# Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's
+# own settings are keyword arguments after `cfg` (model.position_options, checked against them).
+SCHEMES: dict[str, type[PositionalScheme]] = {
+    "nope": PositionalScheme,
+    "learned": LearnedPositions,
+    "sinusoidal": SinusoidalPositions,
+    "rope": RoPE,
+    "alibi": ALiBi,
+    "cope": CoPE,
+    "tra": TRA,
+}
+
+
+def build_scheme(cfg: ModelConfig) -> PositionalScheme:
+    if cfg.position not in SCHEMES:
+        raise ValueError(f"model.position {cfg.position!r} is unknown; choose from {', '.join(SCHEMES)}")
+    return SCHEMES[cfg.position](cfg, **cfg.position_options)

@@ -1,0 +1,1 @@
+"""Reporting: series over seeds, tables, figures, training curves, the report."""

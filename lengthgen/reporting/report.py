@@ -1,0 +1,252 @@
+"""Report: report.md, results.csv and figures, rebuilt from eval.csv rows only.
+
+The series and their means over seeds come from lengthgen.reporting.series, the figures
+from lengthgen.reporting.figures; this module writes the tables (a summary at multiples
+of each series' own training maximum, then every length per task, a table per
+metric) and puts the report together as `layout` says: its summary multiples
+and its figures, accuracy_vs_length, accuracy_vs_iteration (from per_step.csv,
+where runs have it) and heatmaps {kind = "heatmap", y = COLUMN, metric =
+"accuracy"} of a metric over length x a swept task option. "Beyond training"
+always means length > train_max, read from the rows.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from lengthgen.errors import UserError
+from lengthgen.tasks import TASKS
+from lengthgen.evaluation.evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
+from lengthgen.reporting.curves import plot_position_loss, plot_training
+from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
+from lengthgen.reporting.gain import section as gain_section
+from lengthgen.runtime.run_folders import REPORT_MARK, check_overwritable
+from lengthgen.reporting.series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
+
+DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
+
+
+def _cell(a: dict | None, metric: str = "accuracy") -> str:
+    if a is None or metric not in a:  # e.g. a method's own metric in another method's column
+        return "–"
+    err = a["stderr" if metric == "accuracy" else f"{metric}_stderr"]
+    return f"{a[metric]:.3f}{'' if math.isnan(err) else f' ± {err:.3f}'} ({a['seeds']})"
+
+
+def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0), metric: str = "accuracy",
+            ratio: bool = True) -> str:
+    """One row per (task, series): `metric` at multiples of the series' own training maximum
+    (the looped paper's headline comparison at 1.5x and 2x), so tasks can be read side by side.
+    For a metric other than accuracy the last column is the ratio of the last multiple's mean
+    to the first's (perplexity at 32x over perplexity at 1x, say) instead of the random guess,
+    or none with ratio=False; series without a finite value of such a metric are left out."""
+    labels = series_labels(agg)
+    head = " | ".join(f"{f:g}× train max" for f in factors)
+    last = "random" if metric == "accuracy" else f"ratio {factors[-1]:g}× / {factors[0]:g}×" if ratio else ""
+    lines = [f"| task | series | {head} |" + (f" {last} |" if last else ""),
+             "|---|---|" + "---:|" * (len(factors) + bool(last))]
+    for task in sorted({a["task"] for a in agg}):
+        v = task_view(agg, task, labels)
+        for key, label in zip(v["series"], v["labels"]):
+            targets = [at_multiple(v["lengths"], v["own_max"][key], f) for f in factors]
+            found = [v["at"][(key, n)] for n in targets if n and (key, n) in v["at"]]
+            if metric != "accuracy" and not any(math.isfinite(a.get(metric, math.nan)) for a in found):
+                continue
+            if metric == "accuracy":
+                odds = " / ".join(f"{a['baseline']:.2g}" for a in found)
+            else:  # a ratio of means over seeds, not a mean of ratios
+                odds = f"{found[-1][metric] / found[0][metric]:.3f}" if len(found) == len(targets) > 1 else "–"
+            cells = [f"{_cell(v['at'][(key, n)], metric)} @{n}" if n and (key, n) in v["at"] else "–" for n in targets]
+            lines.append(f"| {task} | {label} | " + " | ".join(cells) + (f" | {odds} |" if last else " |"))
+    return "\n".join(lines) + "\n"
+
+
+def markdown(agg: list[dict]) -> str:
+    labels = series_labels(agg)
+    parts = []
+    for task in sorted({a["task"] for a in agg}):
+        v = task_view(agg, task, labels)
+        rows, series, names, lengths, train_max, at = (v[k] for k in ("rows", "series", "labels", "lengths",
+                                                                        "train_max", "at"))
+        trained = f"{train_max}" if len(set(v["own_max"].values())) == 1 else \
+            ", ".join(f"{v['own_max'][k]} ({label})" for k, label in zip(series, names))
+        lines = [f"### {task}", ""]
+        own = dict.fromkeys(m for a in rows for m in metric_names(task, a["method"])[len(METRICS):])
+        for metric in ("accuracy", *own):
+            what = f"`{metric}`" if metric != "accuracy" else "Next-token accuracy" \
+                if getattr(TASKS.get(task), "language_model", False) else "Exact-match accuracy"
+            lines += [f"{what}, mean ± standard error over seeds (number of seeds in brackets); "
+                      f"trained on lengths ≤ {trained}" + ("; `random` is the chance of a uniform random guess."
+                                                          if metric == "accuracy" else "."), "",
+                      "| length | " + " | ".join(names) + (" | random |" if metric == "accuracy" else " |"),
+                      "|---:|" + "---:|" * (len(names) + (metric == "accuracy"))]
+            for n in lengths:
+                name = f"{n}" if n <= train_max else f"**{n}**"
+                odds = f" {v['chance'][n]} |" if metric == "accuracy" else ""
+                lines.append(f"| {name} | " + " | ".join(_cell(at.get((k, n)), metric) for k in series) + f" |{odds}")
+            lines.append("")
+        lines += ["Bold lengths are beyond training (of every series). Mean accuracy over lengths, each series "
+                  "split at its own training maximum:", "",
+                  "| series | ≤ train max | > train max |", "|---|---:|---:|"]
+        for key, label in zip(series, names):
+            inside = [a["accuracy"] for a in rows if a["series"] == key and a["length"] <= v["own_max"][key]]
+            beyond = [a["accuracy"] for a in rows if a["series"] == key and a["length"] > v["own_max"][key]]
+            fmt = lambda xs: f"{sum(xs) / len(xs):.3f}" if xs else "–"  # noqa: E731
+            lines.append(f"| {label} | {fmt(inside)} | {fmt(beyond)} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def figure_specs(layout: dict) -> list[dict]:
+    """layout["figures"] as tables: a name is {kind = name}."""
+    specs = [{"kind": f} if isinstance(f, str) else dict(f) for f in layout.get("figures", [])]
+    for spec in specs:
+        if spec.get("kind") not in FIGURES:
+            raise UserError(f"unknown report figure {spec.get('kind')!r}; choose from {', '.join(FIGURES)}")
+        unknown = set(spec) - FIGURES[spec["kind"]] - {"kind"}
+        if unknown:
+            raise UserError(f"report figure {spec['kind']} has no setting {sorted(unknown)[0]!r}; "
+                            f"its settings: {', '.join(sorted(FIGURES[spec['kind']])) or 'none'}")
+        for key in {"heatmap": ("y",), "attention": ("task",), "accuracy_vs_option": ("x",),
+                    "gain_by_sparsity": ("reference",)}.get(spec["kind"], ()):
+            if not isinstance(spec.get(key), str):
+                raise UserError(f"a {spec['kind']} figure needs {key} = NAME")
+    for spec in layout.get("tables", []):
+        if not (isinstance(spec, dict) and isinstance(spec.get("by"), str)) or set(spec) - {"by", "metrics", "names"}:
+            raise UserError(f"a report table is {{by = COLUMN, metrics = [...], names = {{value = header}}}}, got {spec!r}")
+    return specs
+
+
+# figure kind -> its settings
+FIGURES = {"accuracy_vs_length": {"panels", "names", "metric", "log", "xlabel"}, "accuracy_vs_iteration": set(),
+           "heatmap": {"y", "metric"}, "attention": {"task", "arm", "options", "length"},
+           "accuracy_vs_option": {"x", "length", "metric"}, "training_curves": set(), "position_loss": {"windows"},
+           "gain_by_sparsity": {"reference", "buckets", "select", "examples"}}
+
+
+def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
+    """For each task with a `by` column (a swept option) and each length: a row per series,
+    a column per metric and value of `by` (headed by `names[value]` where given)."""
+    rows = [a for a in agg if a.get(by, "") != ""]
+    drop = lambda s: tuple((k, v) for k, v in s if k != by)  # noqa: E731
+    labels = series_labels([{"series": drop(a["series"])} for a in rows], frozenset({by}))
+    parts = []
+    for task in sorted({a["task"] for a in rows}):
+        mine = [a for a in rows if a["task"] == task]
+        values = sorted({a[by] for a in mine}, key=lambda v: list(names).index(v) if v in names else len(names))
+        at = {(drop(a["series"]), a[by], a["length"]): a for a in mine}
+        for length in sorted({a["length"] for a in mine}):
+            series = sorted({drop(a["series"]) for a in mine if a["length"] == length}, key=lambda s: labels[s])
+            head = [f"{names.get(v, f'{by}={v}')} {m}" for m in metrics for v in values]
+            beyond = " (beyond training)" if any(a["length"] > a["train_max"] for a in mine if a["length"] == length) else ""
+            lines = [f"### {task}, length {length}{beyond}", "", "| series | " + " | ".join(head) + " |",
+                     "|---|" + "---:|" * len(head)]
+            for s in series:
+                lines.append(f"| {labels[s]} | " + " | ".join(_cell(at.get((s, v, length)), m)
+                                                             for m in metrics for v in values) + " |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", command: str = "",
+                 failures: list[str] = (), layout: dict | None = None) -> Path:
+    """report.md, results.csv and the figures of `layout` (DEFAULT_LAYOUT: accuracy_vs_length.png,
+    plus accuracy_vs_iteration.png when runs have per_step.csv) in `out`; returns report.md's path."""
+    layout = {**DEFAULT_LAYOUT, **(layout or {})}
+    specs = figure_specs(layout)
+    rows = collect(paths)
+    agg = aggregate(rows)
+    steps = collect_per_step(paths)  # every input is read and checked before anything is written
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder for report.md, results.csv and the figures")
+    check_overwritable(out, ("report.md", "results.csv"))
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "results.csv", rows, columns_of(rows, COLUMNS))
+    runs = len({(r["source"], r["run"]) for r in rows})
+    factors = tuple(layout["summary"])
+    multiples = " and ".join(f"{f:g}×" for f in factors)
+    text = [f"# {title}", ""]
+    if command:
+        text += ["Regenerate with:", "", f"    {command}", ""]
+    text += [f"{runs} runs, {len(rows)} result rows (results.csv). {REPORT_MARK}", ""]
+    if failures:
+        text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
+    metric = layout.get("summary_metric", "accuracy")
+    what = "Exact match" if metric == "accuracy" else f"`{metric}`"
+    text += ["## Summary", "", f"{what} at {multiples} the longest training length (the evaluated length "
+             "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
+             summary(agg, factors, metric)]
+    if metric == "accuracy" and any(math.isfinite(a.get("stop_step", math.nan)) for a in agg):
+        text += ["Mean read-out iteration (`stop_step`) at the same lengths, for the series with a stop rule. "
+                 "For the oracle it is T(n). The first-firing rules (`halt`, `first-confident`) run each sample "
+                 "that many iterations; the argmin rules run every sample to their search bound.", "",
+                 summary(agg, factors, "stop_step", ratio=False)]
+    for spec in layout.get("tables", []):
+        metrics = spec.get("metrics", ["accuracy"])
+        text += [f"## {', '.join(metrics)} by {spec['by']}", "", "Mean ± standard error over seeds (number of seeds "
+                 "in brackets).", "", pivot(agg, spec["by"], metrics, spec.get("names", {}))]
+    text += ["## Per task", "", markdown(agg)]
+    for spec in specs:
+        kind = spec["kind"]
+        swept = spec.get("y") or spec.get("x") if kind in ("heatmap", "accuracy_vs_option") else None
+        if swept and not any(a.get(swept, "") != "" for a in agg):  # a grid run for some of its tasks only
+            text += [f"(no run swept {swept}: no {kind} figure)", ""]
+            continue
+        if kind == "accuracy_vs_length":
+            metric, panels = spec.get("metric", "accuracy"), spec.get("panels")
+            name = "accuracy_vs_length.png" if (metric, panels) == ("accuracy", None) else \
+                f"{metric}_vs_length" + (f"_by_{short_name(panels)}" if panels else "") + ".png"
+            plot(agg, out / name, metric, panels, spec.get("names", {}), spec.get("log", False), spec.get("xlabel", ""))
+            text += [f"![{metric} vs length]({name})", ""]
+        elif kind == "training_curves":
+            plot_training(rows, agg, out / "training_curves.png")
+            text += ["## Training curves", "", "Training loss against step: mean over seeds, the band ± one "
+                     "standard error. Runs that tested during training (`train.test_interval`) add a row below: "
+                     "exact match against step at the curriculum's current maximum (solid) and at each test "
+                     "length.", "", "![training curves](training_curves.png)", ""]
+        elif kind == "position_loss":
+            shown = plot_position_loss(rows, agg, out / "position_loss.png", spec.get("windows"))
+            if shown:
+                text += ["## Loss at each position of the window", "",
+                         f"Mean test loss at each position of windows of {', '.join(map(str, shown))} tokens "
+                         "(averaged in log-spaced bins of positions): mean over seeds, the band ± one standard "
+                         "error; the dashed line is the training window.", "",
+                         "![loss at each position](position_loss.png)", ""]
+        elif kind == "accuracy_vs_iteration" and steps:
+            plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")
+            text += ["## Accuracy after every iteration", "",
+                     "Lines: mean exact match over seeds after iteration t, per test length. Markers: the step "
+                     "each stop rule picked (per-sample confidence: its mean step).", "",
+                     "![accuracy vs iteration](accuracy_vs_iteration.png)", ""]
+        elif kind == "heatmap":
+            metric, y = spec.get("metric", "accuracy"), spec["y"]
+            name = f"{metric}_by_length_and_{short_name(y)}.png"
+            plot_heatmap(agg, out / name, y, metric)
+            text += [f"## {metric} over length and {short_name(y)}", "",
+                     "Mean over seeds; the dashed line ends the training lengths.", "", f"![{metric} heatmap]({name})", ""]
+        elif kind == "accuracy_vs_option":
+            metric, x = spec.get("metric", "accuracy"), spec["x"]
+            name = f"{metric}_vs_{short_name(x)}.png"
+            at = plot_vs_option(agg, out / name, x, spec.get("length"), metric)
+            text += [f"## {metric} against {short_name(x)} at length {at}", "",
+                     "Mean ± standard error over seeds; the dashed line is random guessing.", "",
+                     f"![{metric} vs {short_name(x)}]({name})", ""]
+        elif kind == "attention":
+            text += attention_section(spec, rows, out)
+        elif kind == "gain_by_sparsity":  # combines runs: each short model against its reference (lengthgen.reporting.gain)
+            text += gain_section(spec, rows, agg, out)
+    (out / "report.md").write_text("\n".join(text))
+    return out / "report.md"
+
+
+def attention_section(spec: dict, rows: list[dict], out: Path) -> list[str]:
+    """The attention weights of one run (the lowest seed of the task and arm asked for) on one
+    test sequence, drawn from its checkpoint: the one figure not rebuilt from rows alone."""
+    mine = [r for r in rows if r["task"] == spec["task"] and r.get("arm", "") == spec.get("arm", r.get("arm", ""))]
+    if not mine:
+        return [f"(no run of {spec['task']} {spec.get('arm', '')} to draw attention from)", ""]
+    run = min(mine, key=lambda r: (r["seed"], r["source"]))
+    name = f"attention_{spec['task']}{'_' + spec['arm'] if spec.get('arm') else ''}.png"
+    caption = plot_attention(Path(run["source"]), out / name, spec.get("options", {}), spec.get("length"))
+    return [f"## Attention on one {spec['task']} sequence", "", caption, "", f"![attention]({name})", ""]

@@ -1,0 +1,1 @@
+"""Reproductions: grids declared as data, run locally or on Ray."""

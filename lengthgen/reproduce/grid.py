@@ -1,0 +1,304 @@
+"""A paper's reproduction, declared as data: experiments/<paper>/grid.toml.
+
+    title = "Looped Transformers (Fan et al., ICLR 2025)"   # the report's title
+    seeds = 3                            # seeds per run when --seeds is not given
+
+    [tasks.parity]                       # a task of the paper
+    preset = "{scale}/parity.toml"       # its preset per scale, relative to the grid (this is the default)
+    default = true                       # run when --tasks is not given
+    axes = {"task.options.k" = [2, 4]}   # extra axes: one run per value (per combination of several)
+    only = ["looped", "ntp"]             # the arms this task runs (default: every arm)
+    [tasks.parity.arms.looped]           # what this task changes of an arm (the keys of an arm)
+    stops = ["oracle", "confidence"]
+
+    [arms.looped]                        # an arm: a name, what it changes, how it is evaluated
+    set = {method = "looped"}            # config overrides (dotted keys, or tables as in a preset)
+    multiply = {"model.n_layer" = 4}     # config values multiplied after `set` and the axes
+    stops = ["oracle"]                   # stop rules to evaluate it with (methods with stop rules)
+    per_step = false                     # also record accuracy after every iteration (per_step.csv)
+    default = true                       # run when --arms is not given
+
+    [axes]                               # axes of every task (a task's own axes add to these)
+    [report]                             # summary = [1.5, 2.0]: columns at these multiples of train max
+    summary_metric = "accuracy"          # (another metric adds a last/first ratio column);
+    figures = ["accuracy_vs_length", "accuracy_vs_iteration", {kind = "heatmap", y = "k"}]
+
+    [scales.cpu]                         # a scale; its table changes any of the above at that scale,
+    [scales.paper.arms.ntp]              # key by key (tables merge, values replace)
+    multiply = {"model.n_layer" = 20}
+
+A run is (task, arm, axis values, seed) and its folder is named from those
+values: `<task>-<arm>[-<axis>=<value>...]-s<seed>` (an axis by the last part of
+its key). `plan` turns a grid into jobs; no code here names a paper, a task, an
+arm or a method.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, read, to_dict, toml_value, tomllib
+from lengthgen.errors import UserError
+from lengthgen.methods.registry import get_method
+from lengthgen.config.presets import load
+from lengthgen.methods.looped.stop_rules import parse_rule
+
+ROOT = Path(__file__).resolve().parents[2] / "experiments"
+GRID = "grid.toml"
+# key -> (type, what it is); a table of names (tasks, arms, scales) is checked entry by entry
+ARM_KEYS = {"set": dict, "multiply": dict, "stops": list, "per_step": bool, "default": bool, "description": str}
+TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict, "only": list}
+REPORT_KEYS = {"summary": list, "summary_metric": str, "figures": list, "tables": list}
+TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
+# config keys every eval.csv row names in a column of its own: not repeated as labels
+OWN_COLUMNS = {"method", "task.name", "model.position"}
+SAFE = re.compile(r"[A-Za-z0-9._+-]+")  # what an axis value may be, spelt in a folder name
+
+
+@dataclass
+class Job:
+    task: str
+    arm: str
+    seed: int
+    preset: str
+    overrides: list[str]
+    folder: str
+    stops: list[str] = field(default_factory=list)  # stop rules to evaluate (methods with stop rules)
+    per_step: bool = False
+    samples: int = 0  # test samples per length; 0 = the preset's eval.samples
+    threads: int = 1
+    labels: dict = field(default_factory=dict)  # the run's series.json: arm and the config keys telling its series apart
+
+
+def merge(base: dict, change: dict) -> dict:
+    """`base` with `change` merged in key by key: tables merge, other values replace."""
+    out = dict(base)
+    for key, value in change.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+class Grid:
+    """A parsed grid.toml. `resolved(scale)` is the grid at one scale, checked."""
+
+    def __init__(self, path: Path):
+        self.path, self.folder = Path(path), Path(path).parent
+        try:
+            self.data = tomllib.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"{self.path} cannot be read: {err}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise UserError(f"{self.path} is not valid TOML: {err}") from None
+        self.fail_unless(isinstance(self.data.get("scales"), dict) and self.data["scales"],
+                         "declares no scale: add a [scales.cpu] table (it may be empty)")
+        self.scales = list(self.data["scales"])
+        for scale in self.scales:
+            self.resolved(scale)  # every scale checked at once
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    def fail_unless(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise UserError(f"{self.path} {message}")
+
+    def check_keys(self, table, known: dict, where: str) -> None:
+        self.fail_unless(isinstance(table, dict), f"{where} must be a table")
+        for key, value in table.items():
+            path = f"{where}.{key}" if where else key
+            self.fail_unless(key in known, f"has an unknown key {path}{_hint(key, known)}; known: {', '.join(known)}")
+            kind = known[key]
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+            self.fail_unless(ok, f"{path} must be a {kind.__name__}, got {value!r:.60}")
+
+    def resolved(self, scale: str) -> dict:
+        """The grid with [scales.<scale>] merged in, every key checked."""
+        self.fail_unless(scale in self.scales, f"has no scale {scale!r}; its scales: {', '.join(self.scales)}")
+        base = {k: v for k, v in self.data.items() if k != "scales"}
+        grid = merge(base, self.data["scales"][scale] or {})
+        where = f"(at scale {scale})"
+        self.check_keys(grid, TOP_KEYS, "")
+        self.fail_unless(isinstance(grid.get("title"), str), "needs a title")
+        self.fail_unless(grid.get("seeds", 1) >= 1, f"seeds must be >= 1 {where}")
+        self.fail_unless(bool(grid.get("tasks")) and bool(grid.get("arms")), "needs [tasks.<name>] and [arms.<name>] tables")
+        for arm, spec in grid["arms"].items():
+            self.check_keys(spec, ARM_KEYS, f"arms.{arm}")
+        for task, spec in grid["tasks"].items():
+            self.check_keys(spec, TASK_KEYS, f"tasks.{task}")
+            for arm in spec.get("only", []):
+                self.fail_unless(arm in grid["arms"], f"tasks.{task}.only names {arm!r}, no arm of [arms]")
+            for arm, change in spec.get("arms", {}).items():
+                self.fail_unless(arm in grid["arms"], f"tasks.{task}.arms.{arm} names no arm of [arms]")
+                self.check_keys(change, ARM_KEYS, f"tasks.{task}.arms.{arm}")
+            axes = {**grid.get("axes", {}), **spec.get("axes", {})}
+            for key, values in axes.items():
+                self.fail_unless(isinstance(values, list) and values, f"axis {key} of {task} must be a non-empty list")
+                bad = [v for v in values if isinstance(v, (dict, list)) or not SAFE.fullmatch(axis_text(v))]
+                self.fail_unless(not bad, f"axis {key} value {bad[0]!r} cannot name a folder (letters, digits, . _ + -)"
+                                 if bad else "")
+            shorts = [axis_name(k) for k in axes]
+            self.fail_unless(len(set(shorts)) == len(shorts), f"axes of {task} end in the same name: {sorted(axes)}")
+        self.check_keys(grid.get("report", {}), REPORT_KEYS, "report")
+        return grid
+
+    def preset(self, scale: str, task: str) -> Path:
+        spec = self.resolved(scale)["tasks"][task]
+        path = self.folder / spec.get("preset", "{scale}/" + task + ".toml").format(scale=scale)
+        self.fail_unless(path.is_file(), f"names preset {path} for task {task!r} at scale {scale!r}, which does not exist")
+        return path
+
+    def arm(self, scale: str, task: str, arm: str) -> dict:
+        """The arm as this task sees it: [arms.<arm>] with [tasks.<task>.arms.<arm>] merged in."""
+        grid = self.resolved(scale)
+        return merge(grid["arms"][arm], grid["tasks"][task].get("arms", {}).get(arm, {}))
+
+    def arms_of(self, scale: str, task: str) -> list[str]:
+        """The arms a task runs: its `only` list, or every arm."""
+        grid = self.resolved(scale)
+        return grid["tasks"][task].get("only") or list(grid["arms"])
+
+    def axes(self, scale: str, task: str) -> dict:
+        grid = self.resolved(scale)
+        return {**grid.get("axes", {}), **grid["tasks"][task].get("axes", {})}
+
+    def defaults(self, scale: str, kind: str) -> list[str]:
+        """The tasks or arms run when --tasks / --arms is not given."""
+        return [name for name, spec in self.resolved(scale)[kind].items() if spec.get("default", True)]
+
+
+def axis_name(key: str) -> str:
+    return key.rsplit(".", 1)[-1]  # task.options.k_train -> k_train
+
+
+def axis_text(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def find(paper: str, root: Path | None = None) -> Grid:
+    """The grid of `paper`: a folder name under experiments/, or a path to a grid folder or file."""
+    root = root or ROOT
+    given = Path(paper)
+    for path in (given, given / GRID, root / paper / GRID):
+        if path.is_file() and path.suffix == ".toml":
+            return Grid(path)
+    raise UserError(f"unknown paper {paper!r}; choose from {', '.join(papers(root)) or 'none'} "
+                    f"(or give a folder holding a {GRID})")
+
+
+def papers(root: Path | None = None) -> list[str]:
+    """Names of the folders under experiments/ that hold a grid.toml."""
+    root = root or ROOT
+    return sorted(p.parent.name for p in root.glob(f"*/{GRID}"))
+
+
+def describe(root: Path | None = None) -> str:
+    """`reproduce --list`: every paper with its scales, tasks and arms (* = run by default)."""
+    lines = []
+    for name in papers(root):
+        grid = find(name, root)
+        scale = "cpu" if "cpu" in grid.scales else grid.scales[0]
+        g = grid.resolved(scale)
+        mark = lambda kind, n: n + ("*" if n in grid.defaults(scale, kind) else "")  # noqa: E731
+        lines += [f"{name}: {g['title']}", f"  scales: {', '.join(grid.scales)}",
+                  f"  tasks:  {', '.join(mark('tasks', t) for t in g['tasks'])}",
+                  f"  arms:   {', '.join(mark('arms', a) for a in g['arms'])}"]
+        lines += [f"  {t} runs only: {', '.join(g['tasks'][t]['only'])}" for t in g["tasks"] if g["tasks"][t].get("only")]
+        axes = sorted({k for t in g["tasks"] for k in grid.axes(scale, t)})
+        if axes:
+            lines.append(f"  axes:   {', '.join(axes)}")
+    return "\n".join(lines + ["(* = run when --tasks / --arms is not given)"]) + "\n"
+
+
+def arm_overrides(grid: Grid, scale: str, task: str, arm: str, axis_values: dict) -> list[str]:
+    """--set strings of one run: the arm's `set`, the axis values, then its `multiply`
+    (applied to the value those give, e.g. a plain stack k times the preset's block depth)."""
+    spec, preset = grid.arm(scale, task, arm), grid.preset(scale, task)
+    sets = [f"{key}={toml_value(value)}" for key, value in flat(spec.get("set", {})).items()]
+    sets += [f"{key}={toml_value(value)}" for key, value in axis_values.items()]
+    if spec.get("multiply"):
+        values = flat(to_dict(read(preset, sets)))
+        for key, factor in flat(spec["multiply"]).items():
+            grid.fail_unless(key in values and isinstance(values[key], (int, float)) and not isinstance(values[key], bool)
+                             and isinstance(factor, (int, float)) and not isinstance(factor, bool),
+                             f"arms.{arm}.multiply.{key}: not a number in the config, or not multiplied by a number")
+            product = values[key] * factor
+            if isinstance(values[key], int) and float(product).is_integer():
+                product = int(product)
+            sets.append(f"{key}={toml_value(product)}")
+    return sets
+
+
+def combinations(axes: dict) -> list[dict]:
+    """{key: [values]} -> one {key: value} per combination ([{}] without axes)."""
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+
+
+def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: list[str]) -> dict[tuple, dict]:
+    """{(task, arm, axis values): labels}: the config keys whose values differ between the runs
+    the report puts in one table, those of every grid entry whose preset names the same registry
+    task, over every arm and axis value the grid declares (not only those run now, so a run's
+    labels do not depend on which others were asked for), with the --set `extra` that every run
+    gets. An arm not run now that `extra` does not suit (an option of another scheme, say) is
+    left out rather than refused. Every config is loaded once, whatever the number of tasks."""
+    configs = {}
+    for entry in grid.resolved(scale)["tasks"]:
+        preset = grid.preset(scale, entry)
+        for arm in grid.arms_of(scale, entry):
+            for values in combinations(grid.axes(scale, entry)):
+                try:
+                    cfg = load(preset, arm_overrides(grid, scale, entry, arm, values) + list(extra))
+                except UserError:
+                    if entry in tasks and arm in arms:
+                        raise
+                    continue
+                # an empty options table is no setting: {} and a missing key must not count as a difference
+                configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
+    labels = {}
+    for name in {c["task.name"] for c in configs.values()}:
+        table = {run: c for run, c in configs.items() if c["task.name"] == name}
+        keys = sorted({k for c in table.values() for k in c})
+        differ = [k for k in keys if k not in OWN_COLUMNS | RUNTIME_KEYS | set(PER_RUN_KEYS)
+                  and len({repr(c.get(k)) for c in table.values()}) > 1]
+        labels.update({run: {"arm": run[1], **{k: c.get(k, "") for k in differ}} for run, c in table.items()})
+    return labels
+
+
+def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,
+         samples: int = 0, extra: list[str] | None = None, threads: int = 0) -> list[Job]:
+    """The jobs of a reproduction. `threads`: torch threads per run; 0 shares the machine's
+    cores among the workers. Every config is loaded (validated) here, in the parent process."""
+    extra = list(extra or [])
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    jobs, labels = [], labels_of(grid, scale, tasks, arms, extra)
+    for task in tasks:
+        preset = grid.preset(scale, task)
+        for arm in (a for a in arms if a in grid.arms_of(scale, task)):
+            spec = grid.arm(scale, task, arm)
+            stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
+            for values in combinations(grid.axes(scale, task)):
+                sets = arm_overrides(grid, scale, task, arm, values) + extra
+                method = get_method(load(preset, sets).method)  # fail now, in the parent, on a bad preset or override
+                grid.fail_unless(method.has_stop_rules or not (stops or per_step),
+                                 f"arm {arm} lists stop rules or per_step, but its method {method.name} has no stop rules")
+                for stop in stops:
+                    parse_stop(grid, arm, stop, method)
+                name = "-".join([task, arm, *(f"{axis_name(k)}={axis_text(v)}" for k, v in values.items())])
+                for seed in range(seeds):
+                    jobs.append(Job(task, arm, seed, str(preset),
+                                    sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
+                                    str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
+                                    labels[(task, arm, tuple(values.items()))]))
+    return jobs
+
+
+def parse_stop(grid: Grid, arm: str, text, method=None) -> object:
+    """The stop rule `text` of an arm; checked against the arm's method when one is given."""
+    try:
+        rule = parse_rule(text)
+        return rule.check(method) if method is not None else rule
+    except ValueError as err:
+        raise UserError(f"{grid.path} arms.{arm}.stops: {err}") from None

@@ -1,0 +1,194 @@
+"""What lengthgen writes, recognised before anything is deleted or overwritten, and read back
+whole or with what is damaged named.
+
+`--force` deletes a folder only if it is a lengthgen run: a `config.toml` with a
+lengthgen config's sections and nothing but the files a run, its evaluation and
+a report write (RUN_NAMES), and never the current folder or one that holds it.
+A report or a reproduction overwrites report.md, results.csv and timing.csv only
+where lengthgen wrote them (recognised by their first lines). Two reproductions
+never write one --out at once: the first takes a lock on it.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from lengthgen.errors import UserError
+
+# Everything a run folder may hold: training (config, metrics, checkpoints, a BPE tokenizer, the
+# trackers' folders), evaluation (eval.csv and what sits beside it) and a report written into it.
+RUN_NAMES = {"config.toml", "metrics.jsonl", "checkpoints", "tokenizer.json", "tensorboard", "wandb",
+             "series.json", "eval.csv", "eval.csv.unreadable", "eval.done", "per_step.csv", "position_loss.csv",
+             "token_loss.csv", "dependence.csv", "token_eval.json", "report.md", "results.csv"}
+CHECKPOINT_NAME = re.compile(r"step_\d{8}|latest")
+SECTIONS = {"method", "task", "model", "train", "eval"}  # a lengthgen config's top-level keys
+# What a training killed before its first checkpoint leaves: no result, so it may start afresh.
+UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", "series.json", "tensorboard", "wandb"}
+# The first line of each file a report or a reproduction writes, as lengthgen writes it.
+OWN_FIRST_LINES = {"results.csv": re.compile(r"run,task,method,"), "timing.csv": re.compile(r"run,ok,seconds$")}
+REPORT_MARK = "Every number below is rebuilt from those rows."  # a line of every report.md
+LOCK = ".reproduce.lock"
+
+
+def _temporary(name: str) -> bool:  # an atomic write's leftover: .<name>.tmp
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def foreign(folder: Path) -> str | None:
+    """Why `folder` is not a lengthgen run (an entry no run writes, or no lengthgen config.toml), or None."""
+    for entry in sorted(folder.iterdir()):
+        if not (entry.name in RUN_NAMES or _temporary(entry.name) or entry.suffix == ".png"):
+            return f"it holds {entry.name}, which no run writes"
+    checkpoints = folder / "checkpoints"
+    if checkpoints.is_dir():
+        for entry in sorted(checkpoints.iterdir()):
+            if not (CHECKPOINT_NAME.fullmatch(entry.name) or _temporary(entry.name)):
+                return f"it holds checkpoints/{entry.name}, which no run writes"
+    try:
+        data = tomllib.loads((folder / "config.toml").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "it has no config.toml"
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not TOML
+        data = {}
+    if "task" not in data or not set(data) <= SECTIONS:
+        return "its config.toml is not a lengthgen config"
+    return None
+
+
+def check_deletable(folder: Path) -> None:
+    """Refuse, in one line naming `folder` and why, to delete anything but a lengthgen run."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        raise UserError(f"--force does not delete {folder}: it is a symbolic link, not a run folder")
+    here, target = Path.cwd().resolve(), folder.resolve()
+    if target == here or target in here.parents:
+        raise UserError(f"--force does not delete {folder}: it is the current folder or holds it")
+    why = foreign(folder)
+    if why is not None:
+        raise UserError(f"--force deletes only a lengthgen run, and {folder} is not one ({why}); "
+                        "move it away or give another --out")
+
+
+def unstarted(folder: Path) -> bool:
+    """`folder` is missing, or a run stopped before its first checkpoint: only what UNSTARTED
+    names, no complete checkpoint (checkpoint.save writes into hidden .tmp folders first)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return True
+    if any(p.name not in UNSTARTED for p in folder.iterdir()):
+        return False
+    checkpoints = folder / "checkpoints"
+    return not checkpoints.exists() or all(_temporary(p.name) for p in checkpoints.iterdir())
+
+
+def written_by_lengthgen(path: Path) -> bool:
+    """`path` (report.md, results.csv, timing.csv, failures.txt) is one lengthgen wrote."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return False
+    if path.name == "report.md":
+        return REPORT_MARK in text
+    if path.name == "failures.txt":  # written with timing.csv, always: it vouches for both
+        return written_by_lengthgen(path.with_name("timing.csv"))
+    return bool(OWN_FIRST_LINES[path.name].match(text.split("\n", 1)[0]))
+
+
+def check_overwritable(out: Path, names: tuple[str, ...]) -> None:
+    """Refuse to write into `out` if it holds one of `names` that lengthgen did not write."""
+    for name in names:
+        path = Path(out) / name
+        if path.exists() and not written_by_lengthgen(path):
+            raise UserError(f"{path} is not one lengthgen wrote (or it is damaged); not overwriting it: "
+                            "move it away or give another --out")
+
+
+def check_writable(folder: Path, hint: str) -> None:
+    """Make `folder` if needed and write a file in it, or refuse in one line with `hint` (what to do):
+    before a long job rather than after it (permission bits alone do not tell, e.g. for root)."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise UserError(f"cannot write into {folder}: {err.strerror or err}; {hint}") from None
+
+
+def check_eval_out(out: Path, run: Path) -> None:
+    """`eval --out`: a new or empty folder, or one holding an evaluation of this same run."""
+    if not out.exists() or not any(out.iterdir()):
+        return
+    mine, theirs = run / "config.toml", out / "config.toml"
+    if foreign(out) is not None or not theirs.is_file() or theirs.read_bytes() != mine.read_bytes():
+        raise UserError(f"--out {out} holds files other than an evaluation of {run}; give a new or empty folder")
+
+
+class OutLock:
+    """An exclusive lock on a reproduction's --out for as long as it runs: a second
+    `lengthgen reproduce` on the same folder stops with one line instead of training the
+    same runs and deleting the other's unstarted folders (flock; on NFS, Linux maps it to
+    a POSIX lock that the server keeps)."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / LOCK
+
+    def __enter__(self) -> "OutLock":
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "another process"
+            self.file.close()
+            raise UserError(f"another lengthgen reproduce ({holder}) is writing to {self.path.parent}; "
+                            "wait for it to finish or give another --out") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()}\n")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def read_metrics(path: Path, skip_damaged: bool = False) -> list[dict]:
+    """The rows of a metrics.jsonl. A run killed mid-write leaves a partial last line: it is dropped
+    with a note (resume drops the lines after the checkpoint anyway). A bad line anywhere else means
+    the file was damaged by something else: an error naming the line, or with `skip_damaged` (a
+    report's curves, which can use the rest) a note naming the file and the lines skipped."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")  # bad bytes spoil only their line
+    except FileNotFoundError:
+        return []
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    rows, bad = [], []
+    for number, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("time", 0), (int, float)):
+            rows.append(row)
+        elif number == lines[-1][0] and row is None:
+            print(f"lengthgen: note: dropped the unfinished last line {number} of {path}", file=sys.stderr)
+        elif skip_damaged:
+            bad.append(number)
+        else:
+            what = "not valid JSON" if row is None else "not a metrics row (an object with an integer step)"
+            raise UserError(f"{path} line {number} is {what}")
+    if bad:
+        print(f"lengthgen: note: skipped {len(bad)} damaged line(s) of {path} (first: line {bad[0]})", file=sys.stderr)
+    return rows

@@ -1,0 +1,1 @@
+"""Training: the trainer, data-parallel ranks, trackers, finite training sets."""

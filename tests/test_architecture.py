@@ -1,0 +1,145 @@
+"""The package's shape (docs/architecture.md): subpackages in the order data flows through them,
+each importing only its own layer and those below; no import cycle; and the code that runs
+configs, grids and reports names no paper, task or method. Each rule is also shown failing on a
+planted violation."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from lengthgen.methods.registry import METHODS
+from lengthgen.reproduce import grid as grids
+from lengthgen.tasks import TASKS
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lengthgen"
+# bottom to top; a module belongs to the first prefix it starts with
+LAYERS = [
+    ["lengthgen.errors"],
+    ["lengthgen.config.schema"],  # plain data: the keys, their types and defaults
+    ["lengthgen.tasks"],
+    ["lengthgen.model"],
+    ["lengthgen.methods"],
+    ["lengthgen.config.presets"],  # validation with every registry (tasks, schemes, methods, stop rules)
+    ["lengthgen.runtime"],
+    ["lengthgen.evaluation"],
+    ["lengthgen.training"],
+    ["lengthgen.reporting"],
+    ["lengthgen.reproduce"],
+    ["lengthgen.cli", "lengthgen.__main__"],
+]
+NO_NAMES = ["reproduce/grid.py", "reproduce/runner.py", "evaluation/evaluate.py", "reporting/series.py",
+            "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/presets.py", "cli.py"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every lengthgen module `path` imports, at the top or inside a function."""
+    package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            if not target.startswith("lengthgen"):
+                continue
+            for alias in node.names:  # `from lengthgen.runtime import checkpoint` imports a module
+                sub = f"{target}.{alias.name}"
+                found.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists() else target)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("lengthgen")}
+    return found
+
+
+def the_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def layer(module: str) -> int | None:
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a module in a higher layer; package __init__ files that import nothing stand apart."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if target in graph and not graph[target] and (PACKAGE.parent / target.replace(".", "/")).is_dir():
+                continue  # a package's docstring-only __init__
+            if layer(target) is not None and layer(module) is not None and layer(target) > layer(module):
+                found.append(f"{module} imports {target}, a layer above it")
+    return found
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1  # on the current path
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def names_in(source: str) -> set[str]:
+    """Task, method and paper names written as strings outside docstrings."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings} & (set(TASKS) | set(METHODS) | set(grids.papers()))
+
+
+def test_every_module_is_in_a_layer():
+    graph = the_graph()
+    assert "lengthgen.config.presets" in graph["lengthgen.runtime.checkpoint"]  # the parser sees the imports
+    assert graph["lengthgen.config.schema"] <= {"lengthgen.errors"}  # the schema is plain data, at the bottom
+    assert [m for m in graph if layer(m) is None and m.count(".") > 0 and graph[m]] == []
+
+
+def test_no_module_imports_a_layer_above_it():
+    assert layer_violations(the_graph()) == []
+
+
+def test_the_import_graph_has_no_cycle():
+    assert cycle(the_graph()) is None
+
+
+def test_the_code_that_runs_configs_grids_and_reports_names_no_paper_task_or_method():
+    for file in NO_NAMES:
+        assert not names_in((PACKAGE / file).read_text()), f"lengthgen/{file} names {sorted(names_in((PACKAGE / file).read_text()))}"
+
+
+@pytest.mark.parametrize("module, target", [("lengthgen.model.transformer", "lengthgen.reporting.report"),
+                                            ("lengthgen.config.schema", "lengthgen.config.presets"),
+                                            ("lengthgen.tasks.copy", "lengthgen.training.trainer")])
+def test_a_planted_import_from_above_fails(module, target):
+    graph = the_graph()
+    graph[module] = graph[module] | {target}
+    assert layer_violations(graph) == [f"{module} imports {target}, a layer above it"]
+
+
+def test_a_planted_cycle_and_a_planted_name_fail():
+    graph = the_graph()
+    graph["lengthgen.errors"] = {"lengthgen.cli"}
+    assert cycle(graph) is not None
+    validation = (PACKAGE / "config" / "presets.py").read_text()
+    assert names_in(validation + '\n\ndef check_copy(cfg):\n    return cfg.task.name == "copy"\n') == {"copy"}
