@@ -209,3 +209,44 @@ def test_every_key_is_documented():
     for section in ("task", "model", "train", "eval"):
         for f in fields(getattr(cfg, section)):
             assert f"`{section}.{f.name}`" in doc, f"{section}.{f.name} missing from docs/configuration.md"
+
+
+def test_the_configuration_page_lists_every_key_choice_and_option():
+    """docs/configuration.md against the schema and the registries: a key, a method, a scheme, a
+    transform, a choice or an option added without a line there fails here."""
+    import dataclasses
+    import inspect
+
+    from lengthgen.config import schema
+    from lengthgen.methods.registry import METHODS
+    from lengthgen.model.position_transforms import TRANSFORMS
+    from lengthgen.model.positions import SCHEMES
+
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines() if line.startswith("| `")}
+    for section in dataclasses.fields(schema.Config):
+        kind = getattr(schema, section.type, None) if isinstance(section.type, str) else section.type
+        if not dataclasses.is_dataclass(kind):
+            assert section.name in rows, f"{section.name} has no row"
+            continue
+        for f in dataclasses.fields(kind):
+            assert f"{section.name}.{f.name}" in rows, f"{section.name}.{f.name} has no row"
+
+    def options(cls, skip=("self", "cfg")):
+        return [p.name for p in inspect.signature(cls.__init__).parameters.values()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in skip]
+
+    choices = {"method": METHODS, "model.position": SCHEMES, "train.position_transform": TRANSFORMS,
+               "model.init": schema.INITS, "model.norm": schema.NORMS, "model.mlp": schema.MLPS,
+               "model.residual": schema.RESIDUALS, "train.schedule": schema.SCHEDULES,
+               "train.log_to": schema.LOG_SINKS, "model.attn_dropout_on": schema.ATTENTION_DROPOUT_ON}
+    for key, names in choices.items():
+        for name in names:
+            assert any(f"{q}{name}{q}" in rows[key] for q in ("`", '"')) or f" {name} (" in rows[key] \
+                or f" {name}," in rows[key], (key, name)
+    for name, cls in SCHEMES.items():
+        for option in options(cls):
+            assert f"`{name}` takes" in rows["model.position_options"] and f"`{option}`" in rows["model.position_options"], (name, option)
+    for name, cls in TRANSFORMS.items():
+        for option in options(cls):
+            assert f"`{option}`" in rows["train.position_transform_options"], (name, option)
