@@ -4,7 +4,8 @@ import sys
 
 import torch
 
-from lengthgen.config.schema import MAX_LENGTH, TABLE_POSITIONS
+from lengthgen.config.schema import MAX_LENGTH
+from lengthgen.model.positions import SCHEMES
 from lengthgen.config.presets import longest_sequence
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import load_run
@@ -34,7 +35,7 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
 def check_fits(cfg, length: int) -> None:
     """A test length whose sequences outrun a learned or sinusoidal position table is
     refused here, in one line, instead of failing inside the model."""
-    if cfg.model.position in TABLE_POSITIONS:
+    if SCHEMES[cfg.model.position].has_table:
         at = copy.deepcopy(cfg)
         at.task.train_max = length
         need = longest_sequence(at)

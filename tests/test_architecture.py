@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from lengthgen.methods.registry import METHODS
+from lengthgen.model.position_transforms import TRANSFORMS
+from lengthgen.model.positions import SCHEMES
 from lengthgen.reproduce import grid as grids
 from lengthgen.tasks import TASKS
 
@@ -98,14 +100,16 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def names_in(source: str) -> set[str]:
-    """Task, method and paper names written as strings outside docstrings."""
+def names_in(source: str, variants: bool = False) -> set[str]:
+    """Task, method and paper names (and with `variants`, scheme and transform names) written as
+    strings outside docstrings."""
     tree = ast.parse(source)
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
                   and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-            and id(n) not in docstrings} & (set(TASKS) | set(METHODS) | set(grids.papers()))
+            and id(n) not in docstrings} & (set(TASKS) | set(METHODS) | set(grids.papers())
+                                            | (set(SCHEMES) | set(TRANSFORMS) if variants else set()))
 
 
 def test_every_module_is_in_a_layer():
@@ -125,7 +129,15 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_code_that_runs_configs_grids_and_reports_names_no_paper_task_or_method():
     for file in NO_NAMES:
-        assert not names_in((PACKAGE / file).read_text()), f"lengthgen/{file} names {sorted(names_in((PACKAGE / file).read_text()))}"
+        named = names_in((PACKAGE / file).read_text())
+        assert not named, f"lengthgen/{file} names {sorted(named)}"
+
+
+def test_validation_names_no_scheme_or_transform_either():
+    """Each variant checks its own settings (`check` on tasks, methods and schemes; attributes of
+    transforms and schemes), so validation asks capabilities, never names."""
+    named = names_in((PACKAGE / "config" / "presets.py").read_text(), variants=True)
+    assert not named, f"lengthgen/config/presets.py names {sorted(named)}"
 
 
 @pytest.mark.parametrize("module, target", [("lengthgen.model.transformer", "lengthgen.reporting.report"),
@@ -143,3 +155,5 @@ def test_a_planted_cycle_and_a_planted_name_fail():
     assert cycle(graph) is not None
     validation = (PACKAGE / "config" / "presets.py").read_text()
     assert names_in(validation + '\n\ndef check_copy(cfg):\n    return cfg.task.name == "copy"\n') == {"copy"}
+    planted = validation + '\n\ndef check_rope(cfg):\n    return cfg.model.position == "rope"\n'
+    assert names_in(planted) == set() and names_in(planted, variants=True) == {"rope"}

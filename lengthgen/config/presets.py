@@ -2,7 +2,7 @@
 
 lengthgen.config.schema reads and types the data; the checks here also need the task,
 method, scheme and transform registries, so they sit above those modules in the
-import graph (config.py imports none of them). Every message is one line naming
+import graph (the schema imports none of them). Every message is one line naming
 the key; the CLI turns it into exit code 2 before anything is written.
 """
 from __future__ import annotations
@@ -14,14 +14,17 @@ from dataclasses import fields
 from pathlib import Path
 
 from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS, LENGTH_SAMPLING, LOG_SINKS,
-                     MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, TABLE_POSITIONS,
+                     MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES,
                      Config, Dependence, _hint, from_data, parse_lengths, read)
 from lengthgen.errors import ConfigError
 from lengthgen.methods.registry import METHODS, get_method
-from lengthgen.model.positions import SCHEMES, PositionalScheme
+from lengthgen.model.positions import SCHEMES
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.tasks import TASKS, get_task, task_of
 from lengthgen.model.position_transforms import TRANSFORMS, base_ids, build_transform, real_columns
+
+
+NO_OPTIONS = "none (it takes no options)"
 
 
 def check(ok: bool, message: str) -> None:
@@ -37,7 +40,15 @@ def check_options(key: str, options: dict, cls: type, owner: str, skip: tuple[st
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", *skip)]
     for name in options:
         check(name in accepted, f"{key}.{name} is not an option of {owner}{_hint(name, accepted)}; "
-                                f"its options: {', '.join(accepted) or 'none'}")
+                                f"its options: {', '.join(accepted) or NO_OPTIONS}")
+
+
+def rule(variant_check) -> None:
+    """A variant's own check: its ValueError, whose message names the key, as a ConfigError."""
+    try:
+        variant_check()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def built(key: str, make):
@@ -48,15 +59,14 @@ def built(key: str, make):
         raise ConfigError(f"{key}: {err}") from None
 
 
-def training_positions(cfg: Config) -> tuple[int, int]:
+def training_positions(cfg: Config, task=None) -> tuple[int, int]:
     """(tokens in the widest training sequence, its largest position ID before any transform),
     measured on a fixed sample at task.train_max, as the method lays it out (the pause
     tokens of ntp-pause); widths differ between samples of some tasks."""
     import torch
 
     samples = max(1, min(256, 1_000_000 // cfg.task.train_max))  # bounded memory at huge lengths
-    batch = task_of(cfg.task).sample(
-        samples, cfg.task.train_max, torch.Generator().manual_seed(0))
+    batch = (task or task_of(cfg.task)).sample(samples, cfg.task.train_max, torch.Generator().manual_seed(0))
     batch = built(f"method {cfg.method}", lambda: get_method(cfg.method).model_batch(batch))
     largest = int(base_ids(batch).masked_fill(~real_columns(batch), 0).max())
     if batch.target_ids is not None:  # the last answer token's ID is a target (ppc), never an input
@@ -69,11 +79,11 @@ def longest_sequence(cfg: Config) -> int:
     return training_positions(cfg)[0]
 
 
-def largest_position_id(cfg: Config) -> int:
+def largest_position_id(cfg: Config, task=None) -> int:
     """The largest position ID training can produce: the task's (or 0..L-1's) at
     task.train_max, as the position transform maps it. ConfigError if it does not fit the
     transform's range."""
-    _, base = training_positions(cfg)
+    _, base = training_positions(cfg, task)
     transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     return built("train.position_transform_options", lambda: transform.largest_id(base))
 
@@ -94,7 +104,7 @@ def validate(cfg: Config) -> Config:
     for key in ("d_model", "n_layer", "n_head", "mlp_ratio", "max_positions"):
         check(getattr(m, key) >= 1, f"model.{key} must be >= 1, got {getattr(m, key)}")
     check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
-    check(m.position != "rope" or (m.d_model // m.n_head) % 2 == 0, "model.position rope needs an even head width (d_model / n_head)")
+    rule(lambda: SCHEMES[m.position].check(m))
     for key in ("dropout", "attn_dropout", "mlp_dropout", "embed_dropout"):
         check(0.0 <= getattr(m, key) < 1.0, f"model.{key} must be in [0, 1), got {getattr(m, key)}")
     check(not (m.dropout and m.embed_dropout), "model.dropout already acts on the embedding; set model.embed_dropout "
@@ -103,9 +113,6 @@ def validate(cfg: Config) -> Config:
                          ("attn_dropout_on", ATTENTION_DROPOUT_ON)):
         value = getattr(m, key)
         check(value in choices, f"model.{key} {value!r} is unknown{_hint(value, choices)}; choose from {', '.join(choices)}")
-    check(m.attn_scale or not SCHEMES[m.position].has_content,
-          f"model.attn_scale = false drops the 1/sqrt(head width) of dot-product logits; model.position "
-          f"{m.position} computes its own attention (set model.attn_scale = true)")
     for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):
         check(getattr(tr, key) >= 1, f"train.{key} must be >= 1, got {getattr(tr, key)}")
     check(tr.lr > 0, f"train.lr must be > 0, got {tr.lr}")
@@ -160,8 +167,6 @@ def validate(cfg: Config) -> Config:
         import torch
 
         built("task.trailing_pad" if t.trailing_pad else "task.pad_to_row", lambda: task_of(t).sample(2, t.train_min, torch.Generator()))
-    if getattr(task, "language_model", False):  # the corpus is there and tokenized before any folder is made
-        built("task.options", task.corpus.ensure)
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
     check(not (task.draws_own_lengths and tr.length_sampling == "per_batch"),
           f"task.options of {t.name} draw each sample's lengths by the task's own law; train.length_sampling "
@@ -170,39 +175,31 @@ def validate(cfg: Config) -> Config:
     check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
     shortest = min(parse_lengths(tr.test_lengths)) if tr.test_lengths else task.min_length
     check(shortest >= task.min_length, f"train.test_lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
-    check(not (get_method(cfg.method).needs_answer_region and not task.answer_region),
-          f"method {cfg.method} predicts one answer after the question; {t.name} is scored inside the sequence "
-          "(use a next-token method such as ntp)")
     check(tr.id_loss_weight >= 0, f"train.id_loss_weight must be >= 0, got {tr.id_loss_weight}")
     check(tr.halt_loss_weight >= 0, f"train.halt_loss_weight must be >= 0, got {tr.halt_loss_weight}")
-    if get_method(cfg.method).needs_target_ids:
-        check_ppc(cfg)
     check_options("model.position_options", m.position_options, SCHEMES[m.position], m.position, skip=("cfg",))
     if m.position_options:  # a scheme checks its own option values when built
         built("model.position_options", lambda: SCHEMES[m.position](m, **m.position_options))
-    check_sweep(cfg)
+    check_sweep(cfg, task)
     check_token_eval(cfg)
     name = tr.position_transform
     check(name in TRANSFORMS, f"train.position_transform {name!r} is unknown{_hint(name, TRANSFORMS)}; "
                               f"choose from {', '.join(TRANSFORMS)}")
+    transform, scheme, method = TRANSFORMS[name], SCHEMES[m.position], get_method(cfg.method)
+    rule(lambda: task.check(cfg, transform))  # each variant's own rules
+    rule(lambda: method.check(cfg, task, transform, scheme))
     check_options("train.position_transform_options", tr.position_transform_options, TRANSFORMS[name], name)
     built("train.position_transform_options", lambda: build_transform(name, tr.position_transform_options))
-    draws_at_eval = TRANSFORMS[name].random_at_evaluation
+    draws_at_eval = transform.random_at_evaluation
     check(isinstance(cfg.eval.position_draws, int) and 1 <= cfg.eval.position_draws <= 1000,
           f"eval.position_draws must be an integer in [1, 1000], got {cfg.eval.position_draws}")
     check(cfg.eval.position_draws == 1 or draws_at_eval,
           f"eval.position_draws = {cfg.eval.position_draws} needs a position transform that draws IDs at evaluation "
           f"(randomized); train.position_transform {name!r} evaluates on the task's own IDs")
-    check(not (draws_at_eval and getattr(task, "language_model", False)),
-          f"train.position_transform {name!r} draws position IDs at evaluation, which the perplexity of {t.name} "
-          "does not; use pose or none")
-    method = get_method(cfg.method)
-    check(name == "none" or method.accepts_position_ids,
-          f"train.position_transform {name!r} needs a method that reads position IDs; {cfg.method} lays out its own")
-    sized = m.position in TABLE_POSITIONS or method.needs_target_ids  # a table, or ppc's ID head, of max_positions rows
-    if sized or name != "none":  # an overrun would fail at step 1, after the folder is made
-        largest = largest_position_id(cfg)
-        if name == "none":
+    sized = scheme.has_table or method.needs_target_ids  # a table, or ppc's ID head, of max_positions rows
+    if sized or transform.changes_ids:  # an overrun would fail at step 1, after the folder is made
+        largest = largest_position_id(cfg, task)
+        if not transform.changes_ids:
             check(largest < m.max_positions,
                   f"model.max_positions ({m.max_positions}) is shorter than the longest training sequence "
                   f"({largest + 1} tokens at task.train_max {t.train_max}); set it to at least {largest + 1}")
@@ -227,8 +224,6 @@ def check_finite_set(cfg: Config) -> None:
                                               "them; set train.length_sampling=per_sample")
     check(tr.data_shards == 1, f"train.dataset_size is read as one stream; set train.data_shards=1 "
                                f"(now {tr.data_shards})")
-    check(not getattr(TASKS[cfg.task.name], "language_model", False),
-          f"train.dataset_size draws problems; {cfg.task.name} reads a corpus (set train.dataset_size=0)")
 
 
 def check_token_eval(cfg: Config) -> None:
@@ -244,11 +239,9 @@ def check_token_eval(cfg: Config) -> None:
     check(ev.token_limit >= 0, f"eval.token_limit must be >= 0 (0 = every token), got {ev.token_limit}")
     if contexts:
         method = get_method(cfg.method)
-        check(getattr(TASKS[cfg.task.name], "language_model", False),
-              f"eval.token_contexts scores tokens of a test split; {cfg.task.name} is not a language-model task")
         check(method.accepts_position_ids and not method.has_stop_rules,
               f"eval.token_contexts needs a next-token method that reads position IDs, not {cfg.method}")
-        check(m.position not in TABLE_POSITIONS or max(contexts) <= m.max_positions,
+        check(not SCHEMES[m.position].has_table or max(contexts) <= m.max_positions,
               f"eval.token_contexts reaches {max(contexts)} tokens, past model.max_positions ({m.max_positions})")
     check(not ev.dependence or len(contexts) >= 2,
           "eval.dependence needs eval.token_contexts with two contexts at least (near = the smallest, "
@@ -277,35 +270,9 @@ def check_tests(cfg: Config) -> None:
                 rule.check(method)
         except ValueError as err:
             raise ConfigError(f"train.test_stops: {err}") from None
-    check(not (tr.test_interval and getattr(TASKS[cfg.task.name], "language_model", False)),
-          f"train.test_interval tests exact match; {cfg.task.name} is a language-model task (use lengthgen eval)")
 
 
-def check_ppc(cfg: Config) -> None:
-    """A method that predicts position IDs needs a task that supplies them, a transform that
-    moves them with the rest, a scheme that decodes with a KV cache, and an ID head as wide
-    as the largest ID."""
-    import torch
-
-    t, m, name = cfg.task, cfg.model, cfg.train.position_transform
-    batch = get_task(t.name, **t.options).sample(2, t.train_min, torch.Generator().manual_seed(0))
-    check(batch.target_ids is not None, f"method {cfg.method} predicts coupled position IDs, which {t.name} with "
-                                        f"options {t.options or '{}'} does not supply (is there a coupled option?)")
-    check(name in ("none", "random_offset"), f"method {cfg.method} needs train.position_transform none or "
-                                              f"random_offset (they move a next token's ID with the rest), not {name}")
-    scheme = SCHEMES[m.position]
-    check(not (scheme.has_bias or scheme.has_content), f"method {cfg.method} decodes with a KV cache, which "
-                                                       f"model.position {m.position} cannot use; use nope, learned, "
-                                                       "sinusoidal or rope")
-    # the ID head names absolute IDs: a scheme that never adds them to the input (RoPE sees only
-    # differences) cannot tell one random start from another, so its targets become guesses
-    check(name != "random_offset" or scheme.embed is not PositionalScheme.embed,
-          f"method {cfg.method} predicts absolute position IDs, which model.position {m.position} never shows the "
-          f"model, so train.position_transform random_offset makes them unpredictable; use learned or sinusoidal "
-          f"positions, or no transform")
-
-
-def check_sweep(cfg: Config) -> None:
+def check_sweep(cfg: Config, task) -> None:
     """eval.sweep: task options, each with a non-empty list of values the task accepts
     without changing its vocabulary."""
     t, sweep = cfg.task, cfg.eval.sweep
@@ -313,7 +280,7 @@ def check_sweep(cfg: Config) -> None:
     for key, values in sweep.items():
         check(isinstance(values, list) and values and len(set(map(repr, values))) == len(values),
               f"eval.sweep.{key} must be a non-empty list of distinct values, got {values!r}")
-    vocab = get_task(t.name, **t.options).vocab
+    vocab = task.vocab
     for combo in itertools.product(*sweep.values()):
         options = {**t.options, **dict(zip(sweep, combo))}
         where = f"eval.sweep ({', '.join(f'{k}={v!r}' for k, v in zip(sweep, combo))})"

@@ -162,7 +162,6 @@ PRECISIONS = ("fp32", "bf16")
 CONFIDENCE_PRECISIONS = ("float64", "float32")  # eval.confidence_precision (lengthgen.methods.looped.stop_passes)
 LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen.training.trackers)
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
-TABLE_POSITIONS = ("learned", "sinusoidal")  # schemes with a table of model.max_positions rows
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "gelu-tanh", "swiglu", "gated-gelu")
 RESIDUALS = ("pre-norm", "norm-before-add", "pre-and-post-norm")

@@ -255,7 +255,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     stops = stops or [None]
     if sweep is not None and sweep != cfg.eval.sweep:  # given for this evaluation (--sweep): check it as eval.sweep
         from lengthgen.config.presets import check_sweep
-        check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)))
+        check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
     sweep = cfg.eval.sweep if sweep is None else sweep
     clash = set(sweep) & (set(COLUMNS) | set(metric_names(cfg.task.name, cfg.method)) | set(labels))
     if clash:

@@ -60,6 +60,17 @@ class Method:
     needs_target_ids = False
     metric_names: tuple[str, ...] = ()
 
+    @classmethod
+    def check(cls, cfg: Config, task: Task, transform: type, scheme: type) -> None:
+        """ValueError (naming the key) if this method cannot run the config's task, position
+        transform and positional scheme (classes); methods add their own rules."""
+        if cls.needs_answer_region and not task.answer_region:
+            raise ValueError(f"method {cfg.method} predicts one answer after the question; {task.name} is scored "
+                             "inside the sequence (use a next-token method such as ntp)")
+        if transform.changes_ids and not cls.accepts_position_ids:
+            raise ValueError(f"train.position_transform {transform.name!r} needs a method that reads position IDs; "
+                             f"{cfg.method} lays out its own")
+
     def metrics(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
         """{name: (B,) float} for every name in `metric_names`."""
         return {}
@@ -263,6 +274,29 @@ class PredictivePositionCoupling(Method):
     name = "ppc"
     needs_target_ids = True
     metric_names = ("id_accuracy",)
+
+    @classmethod
+    def check(cls, cfg, task, transform, scheme):
+        """The task supplies the next IDs, the transform moves them with the rest, the scheme decodes
+        with a KV cache and shows the model where a random start put the IDs."""
+        super().check(cfg, task, transform, scheme)
+        batch = task.sample(2, cfg.task.train_min, torch.Generator().manual_seed(0))
+        if batch.target_ids is None:
+            raise ValueError(f"method {cfg.method} predicts coupled position IDs, which {task.name} with options "
+                             f"{cfg.task.options or '{}'} does not supply (is there a coupled option?)")
+        if not transform.shifts_all_ids:
+            raise ValueError(f"method {cfg.method} needs a train.position_transform that moves a next token's ID "
+                             f"with the rest (none or random_offset), not {transform.name}")
+        if scheme.has_bias or scheme.has_content:
+            raise ValueError(f"method {cfg.method} decodes with a KV cache, which model.position {cfg.model.position} "
+                             "cannot use; use nope, learned, sinusoidal or rope")
+        # the ID head names absolute IDs: a scheme that never adds them to the input (RoPE sees only
+        # differences) cannot tell one random start from another, so its targets become guesses
+        if transform.random_start and not scheme.adds_ids:
+            raise ValueError(f"method {cfg.method} predicts absolute position IDs, which model.position "
+                             f"{cfg.model.position} never shows the model, so train.position_transform "
+                             f"{transform.name} makes them unpredictable; use learned or sinusoidal positions, "
+                             "or no transform")
 
     def build_model(self, cfg, task):
         model = Transformer(cfg.model, task.vocab_size)

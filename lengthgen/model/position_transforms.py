@@ -82,6 +82,9 @@ class PositionTransform:
     bound = ""
     at_evaluation = "the task's own IDs"  # what evaluation reads (docs/positions.md)
     random_at_evaluation = False  # evaluation draws IDs (from the evaluation seed): see `evaluation`
+    changes_ids = False  # False: training reads the task's own IDs (the transform is a no-op)
+    shifts_all_ids = True  # every ID of a sequence moves by the same amount, a next token's ID with the rest
+    random_start = False  # the first ID is drawn: only a scheme that adds IDs to the input shows where it starts
 
     def evaluation(self, batch: Batch, generator: torch.Generator) -> Batch:
         """The test batch as the model reads it; the task's own IDs unless the transform's
@@ -108,6 +111,8 @@ class PositionTransform:
 
 class RandomOffset(PositionTransform):
     name = "random_offset"
+    changes_ids = True
+    random_start = True
     # Cho et al.'s evaluation sets are built with randomize = False: the first coupled ID is 1,
     # unshifted, as the task lays it out (HanseulJo/position-coupling, configs/task/*_coupled.yaml)
     at_evaluation = "the task's own IDs, unshifted (Cho et al.'s evaluation sets: randomize = false)"
@@ -133,6 +138,8 @@ class RandomOffset(PositionTransform):
 
 class PoSE(PositionTransform):
     name = "pose"
+    changes_ids = True
+    shifts_all_ids = False  # skips between chunks
     at_evaluation = "0..L-1, no skips (Zhu et al. evaluate a long window as it is)"
 
     def __init__(self, *, target_length: int, chunks: int = 2):
@@ -161,6 +168,8 @@ class PoSE(PositionTransform):
 
 class Randomized(PositionTransform):
     name = "randomized"
+    changes_ids = True
+    shifts_all_ids = False  # a random ordered subset
     at_evaluation = "a fresh ordered random subset of 0..max_position-1 per sequence, as in training"
     random_at_evaluation = True
 

@@ -51,11 +51,20 @@ class PositionalScheme(nn.Module):
 
     has_bias = False  # True if `bias` returns a tensor
     has_content = False  # True if `content_logits` returns a tensor
+    has_table = False  # True if it reads a table of model.max_positions rows
+    adds_ids = False  # True if `embed` adds the position IDs to the input (absolute positions)
     # Attention recording, for every scheme: set `keep` to a dict and each layer appends its weights
     # (layer -> list of (B, H, queries, keys) chunks; attention.py); `keep_last` keeps only the last
     # query's row (a per-token measurement needs no more, and it costs O(T), not O(T^2)).
     keep: dict | None = None
     keep_last: bool = False
+
+    @classmethod
+    def check(cls, model: ModelConfig) -> None:
+        """ValueError (naming the key) if the block cannot use this scheme; schemes add their own."""
+        if cls.has_content and not model.attn_scale:
+            raise ValueError(f"model.attn_scale = false drops the 1/sqrt(head width) of dot-product logits; "
+                             f"model.position {model.position} computes its own attention (set model.attn_scale = true)")
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -99,6 +108,8 @@ class LearnedPositions(PositionalScheme):
     N(0, std^2): GPT-2's 0.02 by default; 1.0 is T5's, as Cho et al.'s coupling draws it (a row
     then as large as a token's N(0, 1) embedding under init torch or t5, not 50x smaller)."""
 
+    has_table = adds_ids = True
+
     def __init__(self, cfg: ModelConfig, std: float = 0.02):
         super().__init__(cfg)
         if isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std < 1e3:
@@ -123,6 +134,8 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
 
 class SinusoidalPositions(PositionalScheme):
     """Fixed sinusoidal table added to x (no parameters)."""
+
+    has_table = adds_ids = True
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -153,6 +166,12 @@ class RoPE(PositionalScheme):
     "interleaved" pairs 2i with 2i+1 (the paper's and GPT-J's layout). Both are
     the same function up to a fixed permutation of the head dimensions.
     """
+
+    @classmethod
+    def check(cls, model: ModelConfig) -> None:
+        super().check(model)
+        if (model.d_model // model.n_head) % 2:
+            raise ValueError(f"model.position {model.position} needs an even head width (d_model / n_head)")
 
     def __init__(self, cfg: ModelConfig, theta: float = 10000.0, style: str = "half"):
         super().__init__(cfg)

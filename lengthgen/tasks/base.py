@@ -183,6 +183,13 @@ class Task:
     def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
         pass
 
+    def check(self, cfg, transform: type) -> None:
+        """ValueError (naming the key) if the config asks of this task what it cannot do; `transform`
+        is the position transform's class. Tasks add their own rules."""
+        if cfg.eval.token_contexts:
+            raise ValueError(f"eval.token_contexts scores tokens of a test split; {self.name} is not a "
+                             "language-model task")
+
     @property
     def vocab(self) -> tuple[str, ...]:
         return SPECIALS + self.tokens
