@@ -1,3 +1,6 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,3 +15,8 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+# The helpers beside this file (tiny_runs, toy_papers, golden, task_checks, preset_tables) are
+# imported by name from the test files in the subfolders, which mirror the package's layers.
+sys.path.insert(0, str(Path(__file__).resolve().parent))

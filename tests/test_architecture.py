@@ -157,3 +157,15 @@ def test_a_planted_cycle_and_a_planted_name_fail():
     assert names_in(validation + '\n\ndef check_copy(cfg):\n    return cfg.task.name == "copy"\n') == {"copy"}
     planted = validation + '\n\ndef check_rope(cfg):\n    return cfg.model.position == "rope"\n'
     assert names_in(planted) == set() and names_in(planted, variants=True) == {"rope"}
+
+
+def test_the_tests_mirror_the_package():
+    """A test file sits in the folder of the layer it tests (tests/<subpackage>/); the files at the
+    top test the whole (architecture, CLI, golden runs, bad input, scripts)."""
+    layers = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    tests = PACKAGE.parent / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= layers, f"test folders without a layer: {sorted(folders - layers)}"
+    assert layers - folders <= set(), f"layers without tests: {sorted(layers - folders)}"
+    top = {p.name for p in tests.glob("test_*.py")}
+    assert top == {"test_architecture.py", "test_bad_input.py", "test_cli.py", "test_golden.py", "test_scripts.py"}

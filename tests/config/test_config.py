@@ -14,7 +14,7 @@ from lengthgen.config import presets
 from lengthgen.errors import ConfigError
 from lengthgen.tasks.corpus import HUB_SOURCES, Corpus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = sorted(p for p in ROOT.glob("experiments/**/*.toml") if p.name != "grid.toml")
 
 
@@ -32,7 +32,7 @@ def test_every_preset_loads(preset):
 def test_a_preset_on_a_hub_corpus_without_network_is_one_line(preset, tmp_path, monkeypatch):
     """The corpus is built at validation, before any folder: with the hub unreachable (here: made so)
     that is one line naming the corpus and the way out. The presets themselves load on local copies
-    in tests/test_sparsity_lm.py."""
+    in tests/evaluation/test_sparsity_lm.py."""
     monkeypatch.setenv("LENGTHGEN_DATA", str(tmp_path))
 
     def unreachable(self, split):
@@ -204,7 +204,7 @@ def test_parse_lengths():
 def test_every_key_is_documented():
     from dataclasses import fields
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     cfg = config.Config()
     for section in ("task", "model", "train", "eval"):
         for f in fields(getattr(cfg, section)):

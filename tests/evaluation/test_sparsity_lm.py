@@ -534,7 +534,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "dependence_ranks.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "dependence_ranks.py"
     loo = tmp_path / "loo"
     for seed in range(2):
         done = subprocess.run([sys.executable, str(script), str(out / "runs" / f"text-long-s{seed}"), "3", "--out",

@@ -156,7 +156,7 @@ def test_check_length_rejects(name, bad):
 
 
 def test_registry_order_and_exports():
-    # flip-flop: tests/test_flipflop.py; text (windows of a corpus): tests/test_lm.py
+    # flip-flop: tests/tasks/test_flipflop.py; text (windows of a corpus): tests/evaluation/test_lm.py
     assert [name for name in TASKS if name not in ("flipflop", "text")] == ORDER
     assert "flipflop" in TASKS and "text" in TASKS
     for name, cls in TASKS.items():

@@ -15,27 +15,9 @@ from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.series import aggregate, collect
 from lengthgen.reproduce.runner import reproduce
 from lengthgen.tasks import TASKS
+from toy_papers import toy_paper, toy_preset
 
-PRESET = """
-method = "ntp"
-[task]
-name = "multiplication"
-train_max = 3
-[model]
-d_model = 16
-n_layer = 1
-n_head = 2
-[train]
-steps = 20
-batch_size = 8
-log_interval = 10
-checkpoint_interval = 10
-device = "cpu"
-[eval]
-lengths = "2,4"
-samples = 16
-sweep = {max_a_bits = [1, 2]}
-"""
+PRESET = toy_preset("multiplication", train_max=3, evaluation="sweep = {max_a_bits = [1, 2]}")
 
 GRID = """
 title = "A toy paper"
@@ -57,10 +39,7 @@ figures = ["accuracy_vs_length", {kind = "heatmap", y = "max_a_bits"}]
 
 
 def toy(folder: Path, grid: str = GRID) -> Path:
-    (folder / "cpu").mkdir(parents=True)
-    (folder / "cpu" / "multiplication.toml").write_text(PRESET)
-    (folder / "grid.toml").write_text(grid)
-    return folder
+    return toy_paper(folder, grid, {"multiplication": PRESET})
 
 
 @pytest.mark.slow

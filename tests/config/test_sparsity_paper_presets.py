@@ -20,7 +20,7 @@ from lengthgen.config import presets
 from lengthgen.training.trainer import learning_rate
 from preset_tables import doc_section, doc_tables, drift, expected, undocumented
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "sparsity.md"
 SECTION = "## Paper presets and Cho et al.'s code"
 COMMON = "Both presets"

@@ -18,26 +18,9 @@ from lengthgen.reproduce.grid import Job
 from lengthgen.config.presets import load
 from lengthgen.reproduce.ray_runner import RAY_MISSING, resources, run_on_ray
 from lengthgen.training.trainer import train
+from toy_papers import toy_paper, toy_preset
 
-PRESET = """
-method = "ntp"
-[task]
-name = "parity"
-train_max = 4
-[model]
-d_model = 16
-n_layer = 1
-n_head = 2
-[train]
-steps = 20
-batch_size = 8
-log_interval = 10
-checkpoint_interval = 10
-device = "cpu"
-[eval]
-lengths = "2,12"
-samples = 16
-"""
+PRESET = toy_preset(lengths="2,12")
 
 GRID = """
 title = "A toy grid"
@@ -59,11 +42,7 @@ ARMS = ["nope", "rope", "learned", "short_table"]
 
 @pytest.fixture
 def paper(tmp_path) -> Path:
-    folder = tmp_path / "toy"
-    (folder / "cpu").mkdir(parents=True)
-    (folder / "grid.toml").write_text(GRID)
-    (folder / "cpu" / "parity.toml").write_text(PRESET)
-    return folder
+    return toy_paper(tmp_path / "toy", GRID, {"parity": PRESET})
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from lengthgen.cli import main
 from lengthgen.evaluation.evaluate import read_rows
 from lengthgen.runtime.run_folders import unstarted
 from tiny_runs import TINY, error_lines, one_line_error, train_cli
+from toy_papers import toy_paper, toy_preset
 
 GIB = 2 ** 30
 # the driver runs several CLI calls in one process (one torch import) and prints each call's exit
@@ -148,7 +149,7 @@ def test_out_of_memory_in_training_and_evaluation_is_one_line_and_nothing_is_los
     assert "out of memory evaluating length 100" in line and "--batch-size" in line
     assert (tmp_path / "run" / "eval.csv").read_bytes() == before  # the earlier evaluation is kept
     # the stopped run is one `train --resume` continues from step 0 with its saved config (that
-    # this trains a fresh run's weights: tests/test_run_folders.py)
+    # this trains a fresh run's weights: tests/runtime/test_run_folders.py)
     assert unstarted(tmp_path / "oom") and (tmp_path / "oom" / "config.toml").is_file()
 
 
@@ -365,25 +366,7 @@ set = {"model.position" = "nope"}
 set = {"model.position" = "rope"}
 [scales.cpu]
 """
-PRESET = """
-method = "ntp"
-[task]
-name = "parity"
-train_max = 4
-[model]
-d_model = 16
-n_layer = 1
-n_head = 2
-[train]
-steps = 40
-batch_size = 8
-log_interval = 10
-checkpoint_interval = 10
-device = "cpu"
-[eval]
-lengths = "2,4,8"
-samples = 32
-"""
+PRESET = toy_preset(steps=40, lengths="2,4,8", samples=32)
 
 
 def killed_at_random(argv: list[str], cwd: Path, seconds: float, seed: int) -> float:
@@ -411,9 +394,7 @@ def timed(argv: list[str], cwd: Path) -> float:
 
 @pytest.fixture
 def toy(tmp_path) -> Path:
-    (tmp_path / "toy" / "cpu").mkdir(parents=True)
-    (tmp_path / "toy" / "grid.toml").write_text(GRID)
-    (tmp_path / "toy" / "cpu" / "parity.toml").write_text(PRESET)
+    toy_paper(tmp_path / "toy", GRID, {"parity": PRESET})
     return tmp_path
 
 
@@ -425,7 +406,7 @@ def reproduction(out: str, *extra: str) -> list[str]:
 def test_kills_at_random_points_rerun_to_the_numbers_of_an_undisturbed_run(toy):
     """SIGKILL at a random point of a reproduction (two workers training), of an evaluation and of
     a report of its runs; each rerun gives the results of the undisturbed reproduction, none
-    duplicated. (A killed `train` resumes to the same weights: tests/test_train.py.)"""
+    duplicated. (A killed `train` resumes to the same weights: tests/training/test_train.py.)"""
     whole = timed(reproduction("whole"), toy)
     expected = (toy / "whole" / "results.csv").read_text()
     killed_at_random(reproduction("killed"), toy, whole, seed=0)

@@ -19,27 +19,10 @@ from lengthgen.config.schema import to_toml
 from lengthgen.config.presets import load
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluation.evaluate import read_rows
+from toy_papers import toy_preset
 
-PRESET = """
-method = "looped"
-[task]
-name = "{task}"
-train_max = 4
-[model]
-d_model = 16
-n_layer = 1
-n_head = 2
-{model_extra}
-[train]
-steps = 30
-batch_size = 8
-log_interval = 10
-checkpoint_interval = 10
-device = "cpu"
-[eval]
-lengths = "{lengths}"
-samples = 16
-"""
+def looped_preset(task: str, model: str, lengths: str) -> str:
+    return toy_preset(task, "looped", steps=30, lengths=lengths, model=model)
 
 
 GRID = """
@@ -68,10 +51,10 @@ def experiments(tmp_path, monkeypatch):
     root = tmp_path / "experiments"
     (root / "looped" / "cpu").mkdir(parents=True)
     (root / "looped" / "grid.toml").write_text(GRID)
-    (root / "looped" / "cpu" / "parity.toml").write_text(PRESET.format(task="parity", model_extra="", lengths="2:6:2"))
+    (root / "looped" / "cpu" / "parity.toml").write_text(looped_preset("parity", "", "2:6:2"))
     # copy with a learned position table too small for its longest test length: evaluation fails
-    (root / "looped" / "cpu" / "copy.toml").write_text(PRESET.format(
-        task="copy", model_extra='position = "learned"\nmax_positions = 12', lengths="2,8"))
+    (root / "looped" / "cpu" / "copy.toml").write_text(looped_preset(
+        "copy", 'position = "learned"\nmax_positions = 12', "2,8"))
     monkeypatch.setattr(grids, "ROOT", root)
     return root
 
@@ -283,7 +266,7 @@ def _alive(pid: int) -> bool:
 def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):
     # SIGTERM is handled (the pool is terminated); SIGKILL is not, so each worker watches its parent
     (experiments / "looped" / "cpu" / "parity.toml").write_text(
-        PRESET.format(task="parity", model_extra="", lengths="2").replace("steps = 30", "steps = 1000000"))
+        looped_preset("parity", "", "2").replace("steps = 30", "steps = 1000000"))
     out = tmp_path / "out"
     driver = ("import sys; from pathlib import Path; from lengthgen import reproduce as rp; "
               "rp.reproduce(sys.argv[1] + '/looped', 'cpu', seeds=1, tasks=['parity'], "

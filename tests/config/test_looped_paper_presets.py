@@ -19,7 +19,7 @@ from lengthgen.config import presets
 from lengthgen.training.trainer import curriculum_end, curriculum_max, learning_rate
 from preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "looped.md"
 PAPER = ROOT / "experiments" / "looped" / "paper"
 SECTION = "## Paper presets and the released code"

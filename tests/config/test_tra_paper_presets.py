@@ -15,7 +15,7 @@ from lengthgen.methods.registry import get_method
 from lengthgen.tasks import PAD, task_of
 from preset_tables import doc_section, doc_tables, drift, expected, undocumented
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tra.md"
 SECTION = "## Paper presets, the paper and the notebook"
 COMMON = "All TRA paper presets"
