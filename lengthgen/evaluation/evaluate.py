@@ -17,7 +17,7 @@ import math
 import shutil
 import sys
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -220,6 +220,53 @@ def sweep_variants(sweep: dict) -> list[dict]:
     return [dict(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
 
 
+@dataclass
+class Measure:
+    """What every length of one evaluation shares."""
+
+    method: Method
+    model: torch.nn.Module
+    samples: int
+    batch_size: int
+    seed: int
+    device: torch.device
+    stops: list
+    per_step: bool
+    transform: PositionTransform
+    draws: int
+    window_tokens: int  # tokens per forward pass of a perplexity evaluation
+    compiled: bool
+
+
+def exact_match(ctx: Measure, task: Task, length: int) -> tuple[dict, list[dict], list[dict]]:
+    """({stop: metrics}, per-step rows, []) on the task's test samples at `length`; a block that
+    fails to compile is evaluated eagerly."""
+    measure = lambda: rules_at(task, ctx.method, ctx.model, length, ctx.samples, ctx.batch_size, ctx.seed,  # noqa: E731
+                               ctx.device, ctx.stops, ctx.per_step, ctx.transform, ctx.draws)
+    try:
+        results, curve = measure()
+    except Exception as err:
+        if not (ctx.compiled and compile_failed(err)):
+            raise
+        fall_back(ctx.model, err, "eval.compile")
+        ctx.compiled = False
+        results, curve = measure()
+    return results, curve, []
+
+
+def perplexity(ctx: Measure, task: Task, length: int) -> tuple[dict, list[dict], list[dict]]:
+    """({None: metrics}, [], loss at each window position) on the test split in windows of `length`
+    (eval.samples counts test tokens for such a task; lengthgen.evaluation.language_model)."""
+    from lengthgen.evaluation.language_model import perplexity_at
+
+    values, losses = perplexity_at(task, ctx.method, ctx.model, length, ctx.samples, ctx.window_tokens, ctx.device)
+    return {None: values}, [], [{"window": length, "position": p, "loss": float(v)} for p, v in enumerate(losses)]
+
+
+# what a task declares (Task.evaluation) -> how its rows are measured
+EVALUATORS = {"exact_match": exact_match, "perplexity": perplexity}
+
+
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
                  seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
                  progress: bool = True, sweep: dict | None = None, out: Path | None = None,
@@ -277,30 +324,14 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
                         f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
     rows, steps_rows, position_rows = [], [], []
     compiled = (cfg.eval.compile if compile is None else compile) and compile_blocks(model, device, "eval.compile")
+    ctx = Measure(method, model, samples, batch_size, seed, device, stops, per_step, transform, draws,
+                  batch_size * cfg.task.train_max, compiled)
     cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         try:
             with autocast(device, precision), confidence_precision(cfg.eval.confidence_precision):
-                if getattr(variant, "language_model", False):  # perplexity on the test split (lengthgen.evaluation.language_model);
-                    from lengthgen.evaluation.language_model import perplexity_at  # eval.samples counts test tokens for such a task
-
-                    values, losses = perplexity_at(variant, method, model, length, samples,
-                                                   batch_size * cfg.task.train_max, device)
-                    results = {None: values}
-                    position_rows += [{"window": length, "position": p, "loss": float(v)}
-                                      for p, v in enumerate(losses)]
-                    curve = []
-                else:
-                    measure = lambda: rules_at(variant, method, model, length, samples, batch_size, seed,  # noqa: E731
-                                               device, stops, per_step, transform, draws)
-                    try:
-                        results, curve = measure()
-                    except Exception as err:  # a block that fails to compile is evaluated eagerly
-                        if not (compiled and compile_failed(err)):
-                            raise
-                        fall_back(model, err, "eval.compile")
-                        compiled = False
-                        results, curve = measure()
+                results, curve, positions = EVALUATORS[variant.evaluation](ctx, variant, length)
+                position_rows += positions
         except ValueError as err:  # e.g. a length past the learned position table
             raise UserError(f"cannot evaluate length {length}: {err}") from None
         except (MemoryError, RuntimeError) as err:

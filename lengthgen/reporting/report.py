@@ -12,6 +12,7 @@ always means length > train_max, read from the rows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.errors import UserError
@@ -74,7 +75,7 @@ def markdown(agg: list[dict]) -> str:
         own = dict.fromkeys(m for a in rows for m in metric_names(task, a["method"])[len(METRICS):])
         for metric in ("accuracy", *own):
             what = f"`{metric}`" if metric != "accuracy" else "Next-token accuracy" \
-                if getattr(TASKS.get(task), "language_model", False) else "Exact-match accuracy"
+                if getattr(TASKS.get(task), "evaluation", "") == "perplexity" else "Exact-match accuracy"
             lines += [f"{what}, mean ± standard error over seeds (number of seeds in brackets); "
                       f"trained on lengths ≤ {trained}" + ("; `random` is the chance of a uniform random guess."
                                                           if metric == "accuracy" else "."), "",
@@ -103,25 +104,17 @@ def figure_specs(layout: dict) -> list[dict]:
     for spec in specs:
         if spec.get("kind") not in FIGURES:
             raise UserError(f"unknown report figure {spec.get('kind')!r}; choose from {', '.join(FIGURES)}")
-        unknown = set(spec) - FIGURES[spec["kind"]] - {"kind"}
+        unknown = set(spec) - FIGURES[spec["kind"]].settings - {"kind"}
         if unknown:
             raise UserError(f"report figure {spec['kind']} has no setting {sorted(unknown)[0]!r}; "
-                            f"its settings: {', '.join(sorted(FIGURES[spec['kind']])) or 'none'}")
-        for key in {"heatmap": ("y",), "attention": ("task",), "accuracy_vs_option": ("x",),
-                    "gain_by_sparsity": ("reference",)}.get(spec["kind"], ()):
+                            f"its settings: {', '.join(sorted(FIGURES[spec['kind']].settings)) or 'none'}")
+        for key in FIGURES[spec["kind"]].required:
             if not isinstance(spec.get(key), str):
                 raise UserError(f"a {spec['kind']} figure needs {key} = NAME")
     for spec in layout.get("tables", []):
         if not (isinstance(spec, dict) and isinstance(spec.get("by"), str)) or set(spec) - {"by", "metrics", "names"}:
             raise UserError(f"a report table is {{by = COLUMN, metrics = [...], names = {{value = header}}}}, got {spec!r}")
     return specs
-
-
-# figure kind -> its settings
-FIGURES = {"accuracy_vs_length": {"panels", "names", "metric", "log", "xlabel"}, "accuracy_vs_iteration": set(),
-           "heatmap": {"y", "metric"}, "attention": {"task", "arm", "options", "length"},
-           "accuracy_vs_option": {"x", "length", "metric"}, "training_curves": set(), "position_loss": {"windows"},
-           "gain_by_sparsity": {"reference", "buckets", "select", "examples"}}
 
 
 def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
@@ -187,55 +180,13 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
         text += [f"## {', '.join(metrics)} by {spec['by']}", "", "Mean ± standard error over seeds (number of seeds "
                  "in brackets).", "", pivot(agg, spec["by"], metrics, spec.get("names", {}))]
     text += ["## Per task", "", markdown(agg)]
+    drawn = Drawn(rows, agg, steps, out)
     for spec in specs:
-        kind = spec["kind"]
-        swept = spec.get("y") or spec.get("x") if kind in ("heatmap", "accuracy_vs_option") else None
+        swept = next((spec[k] for k in FIGURES[spec["kind"]].swept if spec.get(k)), None)
         if swept and not any(a.get(swept, "") != "" for a in agg):  # a grid run for some of its tasks only
-            text += [f"(no run swept {swept}: no {kind} figure)", ""]
+            text += [f"(no run swept {swept}: no {spec['kind']} figure)", ""]
             continue
-        if kind == "accuracy_vs_length":
-            metric, panels = spec.get("metric", "accuracy"), spec.get("panels")
-            name = "accuracy_vs_length.png" if (metric, panels) == ("accuracy", None) else \
-                f"{metric}_vs_length" + (f"_by_{short_name(panels)}" if panels else "") + ".png"
-            plot(agg, out / name, metric, panels, spec.get("names", {}), spec.get("log", False), spec.get("xlabel", ""))
-            text += [f"![{metric} vs length]({name})", ""]
-        elif kind == "training_curves":
-            plot_training(rows, agg, out / "training_curves.png")
-            text += ["## Training curves", "", "Training loss against step: mean over seeds, the band ± one "
-                     "standard error. Runs that tested during training (`train.test_interval`) add a row below: "
-                     "exact match against step at the curriculum's current maximum (solid) and at each test "
-                     "length.", "", "![training curves](training_curves.png)", ""]
-        elif kind == "position_loss":
-            shown = plot_position_loss(rows, agg, out / "position_loss.png", spec.get("windows"))
-            if shown:
-                text += ["## Loss at each position of the window", "",
-                         f"Mean test loss at each position of windows of {', '.join(map(str, shown))} tokens "
-                         "(averaged in log-spaced bins of positions): mean over seeds, the band ± one standard "
-                         "error; the dashed line is the training window.", "",
-                         "![loss at each position](position_loss.png)", ""]
-        elif kind == "accuracy_vs_iteration" and steps:
-            plot_per_step(steps, rows, out / "accuracy_vs_iteration.png")
-            text += ["## Accuracy after every iteration", "",
-                     "Lines: mean exact match over seeds after iteration t, per test length. Markers: the step "
-                     "each stop rule picked (per-sample confidence: its mean step).", "",
-                     "![accuracy vs iteration](accuracy_vs_iteration.png)", ""]
-        elif kind == "heatmap":
-            metric, y = spec.get("metric", "accuracy"), spec["y"]
-            name = f"{metric}_by_length_and_{short_name(y)}.png"
-            plot_heatmap(agg, out / name, y, metric)
-            text += [f"## {metric} over length and {short_name(y)}", "",
-                     "Mean over seeds; the dashed line ends the training lengths.", "", f"![{metric} heatmap]({name})", ""]
-        elif kind == "accuracy_vs_option":
-            metric, x = spec.get("metric", "accuracy"), spec["x"]
-            name = f"{metric}_vs_{short_name(x)}.png"
-            at = plot_vs_option(agg, out / name, x, spec.get("length"), metric)
-            text += [f"## {metric} against {short_name(x)} at length {at}", "",
-                     "Mean ± standard error over seeds; the dashed line is random guessing.", "",
-                     f"![{metric} vs {short_name(x)}]({name})", ""]
-        elif kind == "attention":
-            text += attention_section(spec, rows, out)
-        elif kind == "gain_by_sparsity":  # combines runs: each short model against its reference (lengthgen.reporting.gain)
-            text += gain_section(spec, rows, agg, out)
+        text += FIGURES[spec["kind"]].draw(spec, drawn)
     (out / "report.md").write_text("\n".join(text))
     return out / "report.md"
 
@@ -250,3 +201,97 @@ def attention_section(spec: dict, rows: list[dict], out: Path) -> list[str]:
     name = f"attention_{spec['task']}{'_' + spec['arm'] if spec.get('arm') else ''}.png"
     caption = plot_attention(Path(run["source"]), out / name, spec.get("options", {}), spec.get("length"))
     return [f"## Attention on one {spec['task']} sequence", "", caption, "", f"![attention]({name})", ""]
+
+
+@dataclass
+class Drawn:
+    """What a figure is drawn from: the rows, their series, the per-iteration rows, the folder."""
+
+    rows: list[dict]
+    agg: list[dict]
+    steps: list[dict]
+    out: Path
+
+
+def draw_accuracy_vs_length(spec: dict, d: Drawn) -> list[str]:
+    metric, panels = spec.get("metric", "accuracy"), spec.get("panels")
+    name = "accuracy_vs_length.png" if (metric, panels) == ("accuracy", None) else \
+        f"{metric}_vs_length" + (f"_by_{short_name(panels)}" if panels else "") + ".png"
+    plot(d.agg, d.out / name, metric, panels, spec.get("names", {}), spec.get("log", False), spec.get("xlabel", ""))
+    return [f"![{metric} vs length]({name})", ""]
+
+
+def draw_training_curves(spec: dict, d: Drawn) -> list[str]:
+    plot_training(d.rows, d.agg, d.out / "training_curves.png")
+    return ["## Training curves", "", "Training loss against step: mean over seeds, the band ± one standard error. "
+            "Runs that tested during training (`train.test_interval`) add a row below: exact match against step at "
+            "the curriculum's current maximum (solid) and at each test length.", "",
+            "![training curves](training_curves.png)", ""]
+
+
+def draw_position_loss(spec: dict, d: Drawn) -> list[str]:
+    shown = plot_position_loss(d.rows, d.agg, d.out / "position_loss.png", spec.get("windows"))
+    if not shown:
+        return []
+    return ["## Loss at each position of the window", "",
+            f"Mean test loss at each position of windows of {', '.join(map(str, shown))} tokens (averaged in "
+            "log-spaced bins of positions): mean over seeds, the band ± one standard error; the dashed line is the "
+            "training window.", "", "![loss at each position](position_loss.png)", ""]
+
+
+def draw_accuracy_vs_iteration(spec: dict, d: Drawn) -> list[str]:
+    if not d.steps:
+        return []
+    plot_per_step(d.steps, d.rows, d.out / "accuracy_vs_iteration.png")
+    return ["## Accuracy after every iteration", "",
+            "Lines: mean exact match over seeds after iteration t, per test length. Markers: the step each stop rule "
+            "picked (per-sample confidence: its mean step).", "", "![accuracy vs iteration](accuracy_vs_iteration.png)", ""]
+
+
+def draw_heatmap(spec: dict, d: Drawn) -> list[str]:
+    metric, y = spec.get("metric", "accuracy"), spec["y"]
+    name = f"{metric}_by_length_and_{short_name(y)}.png"
+    plot_heatmap(d.agg, d.out / name, y, metric)
+    return [f"## {metric} over length and {short_name(y)}", "",
+            "Mean over seeds; the dashed line ends the training lengths.", "", f"![{metric} heatmap]({name})", ""]
+
+
+def draw_accuracy_vs_option(spec: dict, d: Drawn) -> list[str]:
+    metric, x = spec.get("metric", "accuracy"), spec["x"]
+    name = f"{metric}_vs_{short_name(x)}.png"
+    at = plot_vs_option(d.agg, d.out / name, x, spec.get("length"), metric)
+    return [f"## {metric} against {short_name(x)} at length {at}", "",
+            "Mean ± standard error over seeds; the dashed line is random guessing.", "", f"![{metric} vs {short_name(x)}]({name})", ""]
+
+
+def draw_attention(spec: dict, d: Drawn) -> list[str]:
+    return attention_section(spec, d.rows, d.out)
+
+
+def draw_gain_by_sparsity(spec: dict, d: Drawn) -> list[str]:  # each short model against its reference
+    return gain_section(spec, d.rows, d.agg, d.out)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A report figure kind: its settings, those it cannot go without (each a NAME), the setting
+    naming a swept column it needs (no run swept it: the figure is skipped with a note), and the
+    function that draws it and returns its section of report.md."""
+
+    settings: frozenset
+    draw: object
+    required: tuple = ()
+    swept: tuple = ()
+
+
+FIGURES = {
+    "accuracy_vs_length": Figure(frozenset({"panels", "names", "metric", "log", "xlabel"}), draw_accuracy_vs_length),
+    "accuracy_vs_iteration": Figure(frozenset(), draw_accuracy_vs_iteration),
+    "heatmap": Figure(frozenset({"y", "metric"}), draw_heatmap, ("y",), ("y",)),
+    "attention": Figure(frozenset({"task", "arm", "options", "length"}), draw_attention, ("task",)),
+    "accuracy_vs_option": Figure(frozenset({"x", "length", "metric"}), draw_accuracy_vs_option, ("x",), ("x",)),
+    "training_curves": Figure(frozenset(), draw_training_curves),
+    "position_loss": Figure(frozenset({"windows"}), draw_position_loss),
+    "gain_by_sparsity": Figure(frozenset({"reference", "buckets", "select", "examples"}), draw_gain_by_sparsity,
+                               ("reference",)),
+}

@@ -179,6 +179,7 @@ class Task:
     metric_names: tuple[str, ...] = ()  # the task's own metrics, beside accuracy and token_accuracy
     answer_region = True  # the scored positions are one answer after the question (False: inside it, as in LM)
     min_length = 1  # the shortest problem length the task can draw
+    evaluation = "exact_match"  # how evaluation measures it (lengthgen.evaluation.evaluate.EVALUATORS)
 
     def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
         pass

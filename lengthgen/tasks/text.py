@@ -33,7 +33,7 @@ class Text(Task):
     answer_region = False  # every position is scored
     example = "The quick brown -> he quick brown "
     metric_names = ("perplexity", "loss")
-    language_model = True  # evaluated by perplexity on the test split (lengthgen.evaluation.language_model), not on samples
+    evaluation = "perplexity"  # on the test split (lengthgen.evaluation.language_model), not on samples
 
     def __init__(self, *, source: str = "python-docs", path: str = "", tokenizer: str = "bytes", vocab_size: int = 0,
                  max_documents: int = 0):
