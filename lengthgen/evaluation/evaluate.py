@@ -98,7 +98,7 @@ def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = T
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
     state = checkpoint.read_state(path)
     cfg = from_dict(state["config"])
-    task, method = task_of(cfg.task), get_method(cfg.method)
+    task, method = task_of(cfg.task), get_method(cfg.method, cfg)
     device = device or pick_device(cfg.train.device)
     model = method.build_model(cfg, task)
     weights = path / "ema.safetensors"

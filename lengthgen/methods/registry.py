@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from lengthgen.config.schema import Config
 from lengthgen.model.transformer import Transformer
-from lengthgen.methods.looped.halting import HaltingLooped, clock_loss, fit_probe_on_lengths, halt_loss, uncertain_loss
+from lengthgen.methods.looped.halting import Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths, halt_loss, uncertain_loss
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task
 
@@ -59,6 +59,9 @@ class Method:
     needs_answer_region = False
     needs_target_ids = False
     metric_names: tuple[str, ...] = ()
+
+    def __init__(self, cfg: Config | None = None):
+        """A method holds its own settings, read from the config it trains (defaults without one)."""
 
     @classmethod
     def check(cls, cfg: Config, task: Task, transform: type, scheme: type) -> None:
@@ -137,39 +140,46 @@ class Looped(Method):
         return predict_stop(model, batch, rule)
 
 
+class StoppingLoss(Looped):
+    """A looped method with a stopping loss on every iteration, weighted by train.halt_loss_weight."""
+
+    def __init__(self, cfg=None):
+        super().__init__(cfg)
+        self.halt_loss_weight = cfg.train.halt_loss_weight if cfg is not None else 1.0
+
+    def weighted(self, stopping_loss):
+        return lambda *args: self.halt_loss_weight * stopping_loss(*args)
+
+
 class LoopedNoInjection(Looped):
     name = "looped-wo-injection"
     injection = False
 
 
-class LoopedHalt(Looped):
+class LoopedHalt(StoppingLoss):
     """The looped model with a halting head trained on every iteration (lengthgen.methods.looped.halting);
     the `halt` stop rule reads it."""
     name = "looped-halt"
     has_halt_head = True
 
     def build_model(self, cfg, task):
-        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection)
-        model.halt_loss_weight = cfg.train.halt_loss_weight  # rebuilt with the model, not a weight
-        return model
+        return HaltingLooped(cfg.model, task.vocab_size, injection=self.injection)
 
     def loss(self, model, batch):
-        return looped_loss(model, batch, self.loss_scheme, halt_loss)
+        return looped_loss(model, batch, self.loss_scheme, self.weighted(halt_loss))
 
 
-class LoopedClock(Looped):
+class LoopedClock(StoppingLoss):
     """The looped model with a clock trained on every iteration to read the phase pi t / T(n)
     (lengthgen.methods.looped.halting.clock_loss); the `halt` stop rule stops where the clock implies t = T."""
     name = "looped-clock"
     has_halt_head = True
 
     def build_model(self, cfg, task):
-        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head="clock")
-        model.halt_loss_weight = cfg.train.halt_loss_weight
-        return model
+        return HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head=Clock)
 
     def loss(self, model, batch):
-        return looped_loss(model, batch, self.loss_scheme, clock_loss)
+        return looped_loss(model, batch, self.loss_scheme, self.weighted(clock_loss))
 
 
 class LoopedHaltProbe(Looped):
@@ -180,7 +190,7 @@ class LoopedHaltProbe(Looped):
     has_halt_head = True
 
     def build_model(self, cfg, task):  # no gradient for the probe while the block trains (nor DDP's reduction)
-        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head="probe")
+        model = HaltingLooped(cfg.model, task.vocab_size, injection=self.injection, head=HaltProbe)
         model.halt_head.requires_grad_(False)
         return model
 
@@ -192,18 +202,13 @@ class LoopedHaltProbe(Looped):
         model.train(was_training)
 
 
-class LoopedUncertain(Looped):
+class LoopedUncertain(StoppingLoss):
     """The looped model trained to be unconfident before T(n) (lengthgen.methods.looped.halting); the
     `first-confident` stop rule reads it."""
     name = "looped-uncertain"
 
-    def build_model(self, cfg, task):
-        model = super().build_model(cfg, task)
-        model.halt_loss_weight = cfg.train.halt_loss_weight
-        return model
-
     def loss(self, model, batch):
-        return looped_loss(model, batch, self.loss_scheme, uncertain_loss)
+        return looped_loss(model, batch, self.loss_scheme, self.weighted(uncertain_loss))
 
 
 def steps_at(task: Task, length: int) -> int:
@@ -275,6 +280,10 @@ class PredictivePositionCoupling(Method):
     needs_target_ids = True
     metric_names = ("id_accuracy",)
 
+    def __init__(self, cfg=None):
+        super().__init__(cfg)
+        self.id_loss_weight = cfg.train.id_loss_weight if cfg is not None else 1.0
+
     @classmethod
     def check(cls, cfg, task, transform, scheme):
         """The task supplies the next IDs, the transform moves them with the rest, the scheme decodes
@@ -301,7 +310,6 @@ class PredictivePositionCoupling(Method):
     def build_model(self, cfg, task):
         model = Transformer(cfg.model, task.vocab_size)
         model.id_head = nn.Linear(cfg.model.d_model, cfg.model.max_positions, bias=False)  # ID classes 0..max-1
-        model.id_loss_weight = cfg.train.id_loss_weight  # rebuilt with the model, not a weight
         return model
 
     def hidden(self, model, batch) -> Tensor:  # (B, L, D) after the final norm
@@ -317,7 +325,7 @@ class PredictivePositionCoupling(Method):
         h = self.hidden(model, batch)
         tokens = F.cross_entropy(model.read_out(h).flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
         ids = F.cross_entropy(model.id_head(h).flatten(0, 1).float(), batch.target_ids.flatten(), ignore_index=IGNORE)
-        return tokens + model.id_loss_weight * ids
+        return tokens + self.id_loss_weight * ids
 
     @torch.no_grad()
     def metrics(self, model, batch):
@@ -346,5 +354,6 @@ METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped
                                     "ppc": PredictivePositionCoupling}
 
 
-def get_method(name: str) -> Method:
-    return METHODS[name]()
+def get_method(name: str, cfg: Config | None = None) -> Method:
+    """The method `name`, holding its settings from `cfg` (its defaults without one)."""
+    return METHODS[name](cfg)

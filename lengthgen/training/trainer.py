@@ -195,7 +195,7 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
     ranks.join(device)
     cfg = ranks.sharded(cfg, resume)
     trackers.check_installed(cfg.train.log_to)
-    task, method = task_of(cfg.task), get_method(cfg.method)
+    task, method = task_of(cfg.task), get_method(cfg.method, cfg)
     check_fits(cfg, task.vocab_size, longest_sequence(cfg), device)  # sizes that cannot fit: refused now
     if not resume:  # made only once the device can serve the config, by one process
         ranks.first(lambda: prepare_run_dir(folder, force or restart))

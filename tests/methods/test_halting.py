@@ -25,7 +25,7 @@ def build(method, weight=1.0, seed=0):
     torch.manual_seed(seed)
     cfg = presets.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
                               f"method={method}", f"train.halt_loss_weight={weight}"])
-    return get_method(method), get_method(method).build_model(cfg, get_task("copy"))
+    return get_method(method, cfg), get_method(method, cfg).build_model(cfg, get_task("copy"))
 
 
 def each_step(model, batch):

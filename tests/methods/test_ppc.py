@@ -30,7 +30,7 @@ def model_and_batch(weight: float = 1.0):
 
 
 def test_the_loss_adds_the_id_cross_entropy_times_its_weight():
-    method = get_method("ppc")
+    method = get_method("ppc", presets.load(None, PPC + ["train.id_loss_weight=0.5"]))
     model, batch = model_and_batch(0.5)
     h = method.hidden(model, batch)
     tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)

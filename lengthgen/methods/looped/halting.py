@@ -26,7 +26,7 @@ block passes:
   same target at every length, where "done" / "not done" label a step count.
   Read out by `halt` through `clock_logit`.
 
-These three add `train.halt_loss_weight` times their loss to the answer loss;
+The methods add `train.halt_loss_weight` times these losses to the answer loss;
 the gradient reaches the block too, so the model can learn to represent "done".
 
 - `looped-halt-probe`: the block trains as plain `looped` (bit for bit: the
@@ -55,25 +55,39 @@ from lengthgen.tasks import Batch
 
 
 class HaltingLooped(LoopedTransformer):
-    """A looped transformer with a halting head: one linear unit per answer position
-    (`looped-halt`), a HaltProbe (`looped-halt-probe`) or a clock, two linear units per
-    answer position (`looped-clock`). The head is built after the rest of the model, so
-    the other weights start as those of a plain looped model of the same seed."""
+    """A looped transformer with a halting head (`head`: LinearHalt for `looped-halt`, HaltProbe
+    for `looped-halt-probe`, Clock for `looped-clock`). The head is built after the rest of the
+    model, so the other weights start as those of a plain looped model of the same seed."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, injection: bool = True,
-                 scheme: PositionalScheme | None = None, head: str = "linear"):
+                 scheme: PositionalScheme | None = None, head: type | None = None):
         super().__init__(cfg, vocab_size, injection, scheme)
-        self.head_kind = head
-        self.halt_head = HaltProbe(cfg.d_model) if head == "probe" else nn.Linear(cfg.d_model, 2 if head == "clock" else 1)
+        self.halt_head = (head or LinearHalt)(cfg.d_model)
 
     def halt_logits(self, h: Tensor, scored: Tensor, t: int) -> Tensor:
-        """(B, L, D) states after iteration t, (B, L) bool -> (B,) each sample's halting logit
-        (> 0: done): the probe on its pooled states, the mean of the linear head over its
-        scored positions, or the clock's reading at t (`clock_logit`)."""
-        if self.head_kind == "probe":
-            return self.halt_head(pooled_states(h, scored)).float()
-        z = masked_mean(self.halt_head(h).float(), scored)  # (B, 1) or, for the clock, (B, 2)
-        return clock_logit(z, t) if self.head_kind == "clock" else z[:, 0]
+        """(B, L, D) states after iteration t, (B, L) bool -> (B,) each sample's halting logit (> 0: done)."""
+        return self.halt_head.logit(h, scored, t)
+
+
+class LinearHalt(nn.Linear):
+    """One linear unit per answer position, its mean over the scored positions the logit."""
+
+    def __init__(self, d_model: int):
+        super().__init__(d_model, 1)
+
+    def logit(self, h: Tensor, scored: Tensor, t: int) -> Tensor:
+        return masked_mean(self(h).float(), scored)[:, 0]
+
+
+class Clock(nn.Linear):
+    """Two linear units per answer position reading the phase pi t / T(n) as (cos, sin); the logit
+    is the reading of their mean at t (`clock_logit`)."""
+
+    def __init__(self, d_model: int):
+        super().__init__(d_model, 2)
+
+    def logit(self, h: Tensor, scored: Tensor, t: int) -> Tensor:
+        return clock_logit(masked_mean(self(h).float(), scored), t)
 
 
 def masked_mean(z: Tensor, mask: Tensor) -> Tensor:
@@ -108,6 +122,10 @@ class HaltProbe(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (..., 2D) -> (...,)
         return self.net((x.float() - self.mean) / self.std)[..., 0]
+
+    def logit(self, h: Tensor, scored: Tensor, t: int) -> Tensor:
+        """The probe on each sample's pooled states."""
+        return self(pooled_states(h, scored)).float()
 
 
 def pooled_states(h: Tensor, scored: Tensor) -> Tensor:
@@ -217,7 +235,7 @@ def halt_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tenso
     total = positive.mean()
     if len(negative):
         total = total + negative.mean()
-    return model.halt_loss_weight * total
+    return total
 
 
 def uncertain_loss(model: LoopedTransformer, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:
@@ -235,7 +253,7 @@ def uncertain_loss(model: LoopedTransformer, batch: Batch, every_step: list, ord
         count += len(z)
     if count == 0:  # every sample has T_i = 1: nothing before the right step
         return zero_loss(model)
-    return model.halt_loss_weight * total / count
+    return total / count
 
 
 def clock_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tensor, layout: Packed) -> Tensor:
@@ -252,7 +270,7 @@ def clock_loss(model: HaltingLooped, batch: Batch, every_step: list, order: Tens
         phase = math.pi * t / steps[:k]
         total = total + (mean - torch.stack([phase.cos(), phase.sin()], -1)).pow(2).sum()
         count += k
-    return model.halt_loss_weight * total / count
+    return total / count
 
 
 def zero_loss(model: nn.Module) -> Tensor:
