@@ -166,7 +166,8 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "gelu-tanh", "swiglu", "gated-gelu")
 RESIDUALS = ("pre-norm", "norm-before-add", "pre-and-post-norm")
 ATTENTION_DROPOUT_ON = ("weights", "logits")
-# keys of earlier versions: where they went (a saved run folder written by them still loads)
+# keys of earlier versions: where they went (a saved run folder written by them still loads);
+# model.rope_theta moved on 2026-11-23: run folders written since never hold it
 MOVED = {"model.rope_theta": "model.position_options.theta"}
 MAX_THREADS = 1024  # far above any machine's cores; a huge value crashes torch
 MAX_SEED = 2**63  # seeds are 0 <= seed < MAX_SEED (torch takes 64-bit seeds)
@@ -256,7 +257,8 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
 
 def _upgrade(data: dict) -> dict:
     """A preset or saved config of an earlier version, in today's keys: model.rope_theta
-    became RoPE's own option (dropped for other schemes, which never read it)."""
+    became RoPE's own option on 2026-11-23 (dropped for other schemes, which never read it).
+    Kept for run folders written before then; remove when none is left to resume."""
     model = data.get("model")
     if isinstance(model, dict) and "rope_theta" in model:
         model = dict(model)

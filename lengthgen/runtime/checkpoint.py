@@ -15,7 +15,7 @@ only tensors and the optimizer file is read with `weights_only=True`. Loading
 checks state.json's keys and types and each file against its recorded sha256
 (a flipped byte in a weight file is still a valid file), so a damaged
 checkpoint is a one-line UserError, never a traceback or silently wrong weights.
-Checkpoints written before the digests were recorded load unchecked.
+Checkpoints written before the digests were recorded (2026-11-23) load unchecked.
 """
 from __future__ import annotations
 
