@@ -40,9 +40,9 @@ from lengthgen.methods.looped import block as looped
 from lengthgen.config import presets
 from lengthgen.methods.looped.block import looped_loss
 from lengthgen.methods.registry import get_method
+from lengthgen.runtime.devices import autocast, native_bf16
 from lengthgen.tasks import get_task
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.runtime.devices import autocast, native_bf16
 from lengthgen.training.trainer import decay_params
 
 PAPER = {"parity": (1, 64), "addition": (3, 8)}  # released block depth, heads

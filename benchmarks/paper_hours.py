@@ -36,13 +36,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from lengthgen.reproduce import grid as grids
-from lengthgen.training.distributed import MethodLoss
-from lengthgen.methods.registry import get_method
 from lengthgen.config.presets import load
-from lengthgen.tasks import get_task
-from lengthgen.training.trainer import backward, decay_params, draw_batches
+from lengthgen.methods.registry import get_method
 from lengthgen.model.position_transforms import build_transform
+from lengthgen.reproduce import grid as grids
+from lengthgen.tasks import get_task
+from lengthgen.training.distributed import MethodLoss
+from lengthgen.training.trainer import backward, decay_params, draw_batches
 
 
 class OpCounter(TorchDispatchMode):

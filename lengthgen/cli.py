@@ -17,8 +17,8 @@ from lengthgen.errors import ResourceError, TrainingDiverged, UserError
 def cmd_tasks(args) -> None:
     import torch
 
-    from lengthgen.tasks.corpus import CorpusError
     from lengthgen.tasks import TASKS, get_task
+    from lengthgen.tasks.corpus import CorpusError
 
     for name in TASKS:
         task = get_task(name)

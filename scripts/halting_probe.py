@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from lengthgen.evaluation.evaluate import eval_batches
-from lengthgen.methods.looped.halting import PROBE_EXTRA, PROBE_SAMPLES, fit_probe_on_lengths, probe_data, train_probe
 from lengthgen.methods.looped.block import per_sample_steps
+from lengthgen.methods.looped.halting import PROBE_EXTRA, PROBE_SAMPLES, fit_probe_on_lengths, probe_data, train_probe
 from lengthgen.methods.looped.stop_passes import start_blanked, trace
 from lengthgen.methods.looped.stop_rules import default_t_max
 from run_args import open_run

@@ -4,11 +4,11 @@ import sys
 
 import torch
 
-from lengthgen.config.schema import MAX_LENGTH
-from lengthgen.model.positions import SCHEMES
 from lengthgen.config.presets import longest_sequence
+from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import load_run
+from lengthgen.model.positions import SCHEMES
 from lengthgen.tasks import score
 
 

@@ -1,8 +1,8 @@
 """The toy run the safety and fault tests share: a copy task small enough to train in a second."""
 from __future__ import annotations
 
-from lengthgen.config import presets
 from lengthgen.cli import main
+from lengthgen.config import presets
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu", "train.steps=6",

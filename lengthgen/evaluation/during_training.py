@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from lengthgen.config.schema import Config, parse_lengths
-from lengthgen.runtime.devices import autocast
 from lengthgen.evaluation.evaluate import rules_at
-from lengthgen.methods.registry import Method
-from lengthgen.tasks import Task, task_of
 from lengthgen.methods.looped.stop_passes import confidence_precision
+from lengthgen.methods.registry import Method
 from lengthgen.model.position_transforms import build_transform
+from lengthgen.runtime.devices import autocast
+from lengthgen.tasks import Task, task_of
 
 PREFIX = "test@"  # metrics.jsonl keys: test@max (the current curriculum maximum), test@24, test@24/confidence:+20
 

@@ -23,19 +23,19 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.runtime import checkpoint
-from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
-from lengthgen.config.schema import Config
 from lengthgen.config.presets import from_dict
-from lengthgen.runtime.run_folders import check_eval_out, check_writable
+from lengthgen.config.schema import Config
 from lengthgen.errors import ResourceError, UserError
-from lengthgen.runtime.resources import is_out_of_memory, oom_detail
-from lengthgen.methods.registry import METHODS, Method, get_method
 from lengthgen.methods.looped.stop_passes import confidence_precision, trace
 from lengthgen.methods.looped.stop_rules import default_t_max, parse_rule, readout
-from lengthgen.tasks import TASKS, Batch, Task, measure, task_of
+from lengthgen.methods.registry import METHODS, Method, get_method
+from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import PositionTransform, build_transform
+from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
+from lengthgen.runtime.resources import is_out_of_memory, oom_detail
+from lengthgen.runtime.run_folders import check_eval_out, check_writable
+from lengthgen.tasks import TASKS, Batch, Task, measure, task_of
 
 COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
            "stop_step", "train_max", "baseline", "step"]

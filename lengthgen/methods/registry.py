@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lengthgen.config.schema import Config
-from lengthgen.model.transformer import Transformer
-from lengthgen.methods.looped.halting import Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths, halt_loss, uncertain_loss
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
+from lengthgen.methods.looped.halting import (Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths,
+                                              halt_loss, uncertain_loss)
+from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task
 
 

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from lengthgen.model.attention import KVCache
-from lengthgen.tasks import Batch
 from lengthgen.model.position_transforms import base_ids
+from lengthgen.tasks import Batch
 
 # (model, hidden state of the last token (B, D), its position ID (B,)) -> the next token's ID (B,)
 NextId = Callable[[torch.nn.Module, Tensor, Tensor], Tensor]

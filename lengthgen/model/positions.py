@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from lengthgen.model.attention import AttentionDropout, cope_attention, tra_attention
 from lengthgen.config.schema import ModelConfig
+from lengthgen.model.attention import AttentionDropout, cope_attention, tra_attention
 
 
 def default_position_ids(seq_len: int, device=None) -> Tensor:

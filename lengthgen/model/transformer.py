@@ -27,8 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from lengthgen.model.attention import CausalSelfAttention, KVCache, Packed
 from lengthgen.config.schema import ModelConfig
+from lengthgen.model.attention import CausalSelfAttention, KVCache, Packed
 from lengthgen.model.positions import PositionalScheme, build_scheme, default_position_ids
 from lengthgen.tasks.base import PAD
 

@@ -14,7 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from lengthgen.errors import UserError
-from lengthgen.reporting.series import STEP_VALUES, as_number, key_columns, series_colors, series_labels, short_name, task_view
+from lengthgen.reporting.series import (STEP_VALUES, as_number, key_columns, series_colors, series_labels, short_name,
+                                        task_view)
 
 
 def _pyplot():

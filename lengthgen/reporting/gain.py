@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lengthgen.evaluation.dependence import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, read_dependence, read_token_losses
 from lengthgen.errors import UserError
+from lengthgen.evaluation.dependence import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, read_dependence, read_token_losses
 from lengthgen.reporting.figures import _pyplot
 
 DEFAULT_BUCKETS = [1, 2, 4, 8]  # upper edges: k = 1, 2, 3-4, 5-8, > 8
@@ -225,8 +225,8 @@ def plot_delta(refs: list[str], edges: list[int], select: str, path: Path) -> di
 def example_tokens(ref: str, count: int, select: str) -> tuple[list[dict], object, np.ndarray, dict]:
     """The `count` tokens of T* with the largest D among the sparsest (k <= 4 first), with the
     reference's corpus and test stream to draw them."""
-    from lengthgen.evaluation.language_model import documents
     from lengthgen.config.presets import load
+    from lengthgen.evaluation.language_model import documents
     from lengthgen.tasks import task_of
 
     cost = read_json(Path(ref) / TOKEN_EVAL).get("dependence", {})

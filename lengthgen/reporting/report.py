@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.errors import UserError
-from lengthgen.tasks import TASKS
 from lengthgen.evaluation.evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
 from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section
+from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
+                                        task_view)
 from lengthgen.runtime.run_folders import REPORT_MARK, check_overwritable
-from lengthgen.reporting.series import aggregate, at_multiple, collect, collect_per_step, series_labels, short_name, task_view
+from lengthgen.tasks import TASKS
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
 

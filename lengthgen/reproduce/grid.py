@@ -40,11 +40,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lengthgen.config.presets import load
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, read, to_dict, toml_value, tomllib
 from lengthgen.errors import UserError
-from lengthgen.methods.registry import get_method
-from lengthgen.config.presets import load
 from lengthgen.methods.looped.stop_rules import parse_rule
+from lengthgen.methods.registry import get_method
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments"
 GRID = "grid.toml"

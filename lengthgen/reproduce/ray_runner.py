@@ -31,9 +31,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lengthgen.config.presets import load
 from lengthgen.errors import UserError
 from lengthgen.reproduce.grid import Job
-from lengthgen.config.presets import load
 
 RAY_MISSING = "--backend ray needs Ray: pip install 'lengthgen[ray]'"
 

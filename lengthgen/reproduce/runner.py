@@ -28,12 +28,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lengthgen.reproduce import grid as grids
+from lengthgen.config.presets import load
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, parse_lengths, parse_override, to_dict
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import LABELS
+from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.grid import Job
-from lengthgen.config.presets import load
 from lengthgen.runtime.run_folders import OutLock, check_overwritable, unstarted
 
 REPRODUCTION_FILES = ("report.md", "results.csv", "timing.csv", "failures.txt")  # written into --out
@@ -110,8 +110,8 @@ def run_job(job: Job) -> dict:
     """Train (or resume, or skip) and evaluate one run; never raises."""
     import torch
 
-    from lengthgen.runtime import checkpoint
     from lengthgen.evaluation.evaluate import evaluate_run, relabel
+    from lengthgen.runtime import checkpoint
     from lengthgen.training.trainer import is_finished, train
 
     torch.set_num_threads(job.threads)
@@ -224,8 +224,8 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
     jobs = grids.plan(grid, scale, tasks, arms, seeds, out, workers, samples, extra, threads)
-    from lengthgen.runtime.devices import check_precision, pick_device
     from lengthgen.config.presets import longest_sequence
+    from lengthgen.runtime.devices import check_precision, pick_device
     from lengthgen.runtime.resources import check_fits
     from lengthgen.tasks import task_of
     configs = [load(job.preset, job.overrides) for job in jobs]

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .corpus import Corpus
 from .base import IGNORE, PAD, SPECIALS, Batch, Task, prefix_mask
+from .corpus import Corpus
 
 
 class Text(Task):

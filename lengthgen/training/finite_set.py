@@ -18,8 +18,8 @@ from dataclasses import fields, replace
 
 import torch
 
-from lengthgen.training.distributed import shard_seed
 from lengthgen.tasks import Batch, Task
+from lengthgen.training.distributed import shard_seed
 
 CHUNK = 10_000  # samples drawn per task call: the set's intermediates stay small
 

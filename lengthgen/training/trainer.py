@@ -26,21 +26,21 @@ from tqdm.auto import tqdm
 
 from lengthgen.runtime import checkpoint
 
-from lengthgen.training import trackers
-from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
-from lengthgen.config.schema import Config, to_dict, to_toml
-from lengthgen.runtime.devices import autocast, check_precision, pick_device
-from lengthgen.training.distributed import Ranks, no_sync, shard_seed
 from lengthgen.config.presets import from_dict, load, longest_sequence
-from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
+from lengthgen.config.schema import Config, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError
-from lengthgen.training.finite_set import FiniteSet, training_set
+from lengthgen.evaluation.during_training import PREFIX, due, run_tests
 from lengthgen.methods.registry import get_method
+from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
+from lengthgen.model.position_transforms import build_transform
+from lengthgen.runtime.devices import autocast, check_precision, pick_device
+from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
+from lengthgen.runtime.run_folders import check_deletable, read_metrics, unstarted
 from lengthgen.tasks import Batch, Task, task_of
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.runtime.run_folders import check_deletable, read_metrics, unstarted
-from lengthgen.evaluation.during_training import PREFIX, due, run_tests
-from lengthgen.model.position_transforms import build_transform
+from lengthgen.training import trackers
+from lengthgen.training.distributed import Ranks, no_sync, shard_seed
+from lengthgen.training.finite_set import FiniteSet, training_set
 
 
 def curriculum_max(cfg: Config, step: int) -> int:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from lengthgen.config import presets
 from lengthgen.cli import main
+from lengthgen.config import presets
 from lengthgen.evaluation.evaluate import evaluate_run, read_position_loss, read_rows
 from lengthgen.evaluation.language_model import perplexity_at, split_windows
 from lengthgen.methods.registry import Method

@@ -10,8 +10,8 @@ import matplotlib.axes
 import pytest
 import torch
 
-from lengthgen.config import presets
 from lengthgen.cli import main
+from lengthgen.config import presets
 from lengthgen.evaluation.evaluate import evaluate_run, read_per_step, read_rows, relabel
 from lengthgen.reporting.figures import plot, plot_heatmap, plot_vs_option, split_panels
 from lengthgen.reporting.report import markdown

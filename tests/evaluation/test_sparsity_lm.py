@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 from lengthgen.config import presets
 from lengthgen.config.schema import ModelConfig
-from lengthgen.evaluation.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
 from lengthgen.errors import ConfigError
+from lengthgen.evaluation.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
 from lengthgen.evaluation.language_model import ablated_losses, context_losses, documents, scored_tokens, token_losses
 from lengthgen.methods.registry import Method, NextTokenPrediction
-from lengthgen.model.transformer import Transformer
 from lengthgen.model.positions import SCHEMES, PositionalScheme
+from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import EOS, get_task
 from lengthgen.tasks.corpus import Corpus, c4_split_of
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lengthgen.config import presets
-from lengthgen.runtime.checkpoint import latest
-from lengthgen.reporting.curves import metrics_of, read_tests
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.reporting.curves import metrics_of, read_tests
+from lengthgen.runtime.checkpoint import latest
 from lengthgen.training.trainer import train
 
 TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_layer=1", "model.n_head=2",

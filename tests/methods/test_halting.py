@@ -12,8 +12,8 @@ from lengthgen.config import presets
 
 from lengthgen.methods.looped import stop_passes
 
-from lengthgen.methods.looped import stop_rules as stopping
 from lengthgen.errors import UserError
+from lengthgen.methods.looped import stop_rules as stopping
 from lengthgen.methods.looped.block import looped_loss, per_sample_steps
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import get_task

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from lengthgen.methods import registry as methods
 
 from lengthgen.config import presets
-from lengthgen.model.attention import Packed
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
-from lengthgen.model.positions import SCHEMES
 from lengthgen.methods.registry import METHODS, get_method, pause_batch, steps_at
+from lengthgen.model.attention import Packed
+from lengthgen.model.positions import SCHEMES
 from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, get_task
 
 MIXED = torch.tensor([1, 5, 3, 8, 2, 5, 1])  # mixed lengths, repeats and ties in T(n)

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 from lengthgen.config import presets
 from lengthgen.config.schema import ConfigError
-from lengthgen.reporting.report import write_report
 from lengthgen.evaluation.evaluate import evaluate_run, load_run
-from lengthgen.model.generate import generate_answers, greedy
 from lengthgen.methods.registry import get_method, predicted_id
+from lengthgen.model.generate import generate_answers, greedy
+from lengthgen.reporting.report import write_report
 from lengthgen.tasks import IGNORE, Batch, get_task
 from lengthgen.training.trainer import train
 

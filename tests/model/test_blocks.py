@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen.model.attention import AttentionDropout, CausalSelfAttention, tra_attention
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model.transformer import Block, Transformer
+from lengthgen.model.attention import AttentionDropout, CausalSelfAttention, tra_attention
 from lengthgen.model.positions import PositionalScheme, default_position_ids
+from lengthgen.model.transformer import Block, Transformer
 
 D, H = 16, 2
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lengthgen.config.schema import ModelConfig
 from lengthgen.model import attention
 from lengthgen.model.attention import cope_attention, tra_attention
-from lengthgen.config.schema import ModelConfig
 from lengthgen.model.transformer import Transformer
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen.model.attention import CausalSelfAttention, math_causal_attention
 from lengthgen.config.schema import ModelConfig
 from lengthgen.methods.looped.block import LoopedTransformer
-from lengthgen.model.transformer import Transformer
+from lengthgen.model.attention import CausalSelfAttention, math_causal_attention
 from lengthgen.model.positions import SCHEMES, ALiBi, PositionalScheme, build_scheme
+from lengthgen.model.transformer import Transformer
 
 V = 11
 

@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model.positions import (
-    ALiBi, LearnedPositions, PositionalScheme, RoPE, SCHEMES, SinusoidalPositions, build_scheme,
-)
+from lengthgen.model.positions import (ALiBi, LearnedPositions, PositionalScheme, RoPE, SCHEMES, SinusoidalPositions,
+                                       build_scheme)
 
 
 def cfg(**kw) -> ModelConfig:

@@ -10,8 +10,8 @@ import torch
 from lengthgen.config import presets
 from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
-from lengthgen.model.transformer import Block, Transformer
 from lengthgen.model.positions import LearnedPositions, PositionalScheme, default_position_ids
+from lengthgen.model.transformer import Block, Transformer
 
 D, H = 16, 2
 pytestmark = pytest.mark.usefixtures("one_thread")

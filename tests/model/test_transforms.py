@@ -6,9 +6,9 @@ import torch
 
 from lengthgen.config import presets
 from lengthgen.errors import ConfigError
+from lengthgen.model.position_transforms import PoSE, RandomOffset, Randomized, base_ids, build_transform
 from lengthgen.tasks import get_task
 from lengthgen.training.trainer import train
-from lengthgen.model.position_transforms import PoSE, RandomOffset, Randomized, base_ids, build_transform
 
 MIXED = torch.tensor([1, 2, 7, 3, 12, 5, 9, 4] * 8)  # mixed lengths: rows of different widths
 

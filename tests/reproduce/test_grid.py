@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen.reproduce import grid as grids
 from lengthgen.cli import main
 from lengthgen.errors import UserError
 from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.series import aggregate, collect
+from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.runner import reproduce
 from lengthgen.tasks import TASKS
 from toy_papers import toy_paper, toy_preset

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen.runtime import checkpoint
+from lengthgen.cli import main
+from lengthgen.config.presets import load
+from lengthgen.errors import UserError
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce import runner as rp
-from lengthgen.cli import main
-from lengthgen.errors import UserError
 from lengthgen.reproduce.grid import Job
-from lengthgen.config.presets import load
 from lengthgen.reproduce.ray_runner import RAY_MISSING, resources, run_on_ray
+from lengthgen.runtime import checkpoint
 from lengthgen.training.trainer import train
 from toy_papers import toy_paper, toy_preset
 

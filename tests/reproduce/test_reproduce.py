@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen.reproduce import grid as grids
-from lengthgen.reproduce import runner as rp
-from lengthgen.config.schema import to_toml
 from lengthgen.config.presets import load
+from lengthgen.config.schema import to_toml
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluation.evaluate import read_rows
+from lengthgen.reproduce import grid as grids
+from lengthgen.reproduce import runner as rp
 from toy_papers import toy_preset
 
 def looped_preset(task: str, model: str, lengths: str) -> str:

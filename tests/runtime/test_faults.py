@@ -24,9 +24,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen.runtime.checkpoint import latest
 from lengthgen.cli import main
 from lengthgen.evaluation.evaluate import read_rows
+from lengthgen.runtime.checkpoint import latest
 from lengthgen.runtime.run_folders import unstarted
 from tiny_runs import TINY, error_lines, one_line_error, train_cli
 from toy_papers import toy_paper, toy_preset

@@ -15,14 +15,14 @@ from lengthgen.evaluation import evaluate
 
 from lengthgen.config import presets
 
-from lengthgen.training import trackers
-from lengthgen.reproduce import runner as rp
 from lengthgen.cli import main
 from lengthgen.config.schema import to_toml
 from lengthgen.evaluation.evaluate import COLUMNS, LABELS, read_rows, write_csv
+from lengthgen.reproduce import runner as rp
 from lengthgen.runtime.run_folders import UNSTARTED, OutLock, foreign
 from lengthgen.tasks import corpus as corpora
 from lengthgen.tasks.corpus import Corpus, CorpusError
+from lengthgen.training import trackers
 from lengthgen.training.trainer import train
 from tiny_runs import one_line_error, tiny, train_cli
 

@@ -13,8 +13,8 @@ import torch
 
 from lengthgen.config import presets
 from lengthgen.errors import ConfigError
-from lengthgen.tasks import EOS, IGNORE, get_task
 from lengthgen.model.position_transforms import build_transform
+from lengthgen.tasks import EOS, IGNORE, get_task
 
 
 def operand_law(low: int, high: int) -> tuple[Fraction, Fraction]:

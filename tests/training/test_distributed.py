@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file
 
 from lengthgen.config import presets
-from lengthgen.training.distributed import Ranks, shard_seed
 from lengthgen.errors import UserError
-from lengthgen.tasks import get_task
-from lengthgen.training.trainer import draw_batches, sample_batch, train
 from lengthgen.model.position_transforms import build_transform
+from lengthgen.tasks import get_task
+from lengthgen.training.distributed import Ranks, shard_seed
+from lengthgen.training.trainer import draw_batches, sample_batch, train
 
 # dropout and EMA on: each shard's dropout masks and the averaged weights must match too; no clipping,
 # which would hide the scale of the gradients (the Adam moments below compare it)

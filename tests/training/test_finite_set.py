@@ -12,8 +12,8 @@ from lengthgen.runtime import checkpoint
 
 from lengthgen.config import presets
 from lengthgen.errors import ConfigError
-from lengthgen.training.finite_set import FiniteSet, training_set
 from lengthgen.tasks import get_task
+from lengthgen.training.finite_set import FiniteSet, training_set
 from lengthgen.training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lengthgen.model.attention import Packed
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model.transformer import Transformer
+from lengthgen.model.attention import Packed
 from lengthgen.model.positions import PositionalScheme
+from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import IGNORE, Batch
 
 LOSS_SCHEMES = ("prefix", "prefix-padded", "max")  # prefix-padded: no packing, for the benchmark

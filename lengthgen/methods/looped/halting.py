@@ -46,11 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lengthgen.model.attention import Packed
 from lengthgen.config.schema import ModelConfig
 from lengthgen.methods.looped.block import LoopedTransformer, per_sample_steps
-from lengthgen.model.positions import PositionalScheme
 from lengthgen.methods.looped.stop_passes import start_blanked
+from lengthgen.model.attention import Packed
+from lengthgen.model.positions import PositionalScheme
 from lengthgen.tasks import Batch
 
 

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from lengthgen.methods.looped.block import per_sample_steps
-from lengthgen.methods.looped.stop_passes import (CONFIDENT, Trace, confidence, confidence_per_sample, first_confident, fixed, halt,
-                          oracle)
+from lengthgen.methods.looped.stop_passes import (CONFIDENT, Trace, confidence, confidence_per_sample, first_confident,
+                                                  fixed, halt, oracle)
 from lengthgen.tasks import Batch
 
 
