@@ -268,7 +268,7 @@ def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):
     (experiments / "looped" / "cpu" / "parity.toml").write_text(
         looped_preset("parity", "", "2").replace("steps = 30", "steps = 1000000"))
     out = tmp_path / "out"
-    driver = ("import sys; from pathlib import Path; from lengthgen import reproduce as rp; "
+    driver = ("import sys; from pathlib import Path; from lengthgen.reproduce import runner as rp; "
               "rp.reproduce(sys.argv[1] + '/looped', 'cpu', seeds=1, tasks=['parity'], "
               "arms=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False)")
     proc = subprocess.Popen([sys.executable, "-c", driver, str(experiments), str(out)], start_new_session=True,
