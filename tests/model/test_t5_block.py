@@ -12,6 +12,7 @@ from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
 from lengthgen.model.positions import LearnedPositions, PositionalScheme, default_position_ids
 from lengthgen.model.transformer import Block, Transformer
+from test_blocks import randomise
 
 D, H = 16, 2
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -20,14 +21,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def cfg(**kw) -> ModelConfig:
     return ModelConfig(**{"d_model": D, "n_layer": 1, "n_head": H, "mlp_ratio": 2, "norm": "rmsnorm",
                           "bias": False, **kw})
-
-
-def randomise(module, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
 
 
 def rms(norm, h):  # Cho et al.'s RMSNorm up to its eps: scale * x / rms(x)
