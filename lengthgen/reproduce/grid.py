@@ -34,6 +34,7 @@ arm or a method.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import re
@@ -71,6 +72,7 @@ class Job:
     samples: int = 0  # test samples per length; 0 = the preset's eval.samples
     threads: int = 1
     labels: dict = field(default_factory=dict)  # the run's series.json: arm and the config keys telling its series apart
+    config: dict = field(default_factory=dict)  # the run's validated config (to_dict), seeds and threads set: {} = load it
 
 
 def merge(base: dict, change: dict) -> dict:
@@ -237,14 +239,15 @@ def combinations(axes: dict) -> list[dict]:
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
 
 
-def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: list[str]) -> dict[tuple, dict]:
+def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: list[str]) -> tuple[dict, dict]:
     """{(task, arm, axis values): labels}: the config keys whose values differ between the runs
     the report puts in one table, those of every grid entry whose preset names the same registry
     task, over every arm and axis value the grid declares (not only those run now, so a run's
     labels do not depend on which others were asked for), with the --set `extra` that every run
     gets. An arm not run now that `extra` does not suit (an option of another scheme, say) is
-    left out rather than refused. Every config is loaded once, whatever the number of tasks."""
-    configs = {}
+    left out rather than refused. Every config is loaded (validated) once, whatever the number of
+    tasks; the loaded configs are returned beside the labels, for the jobs to carry."""
+    configs, loaded = {}, {}
     for entry in grid.resolved(scale)["tasks"]:
         preset = grid.preset(scale, entry)
         for arm in grid.arms_of(scale, entry):
@@ -257,6 +260,7 @@ def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: 
                     continue
                 # an empty options table is no setting: {} and a missing key must not count as a difference
                 configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
+                loaded[(entry, arm, tuple(values.items()))] = cfg
     labels = {}
     for name in {c["task.name"] for c in configs.values()}:
         table = {run: c for run, c in configs.items() if c["task.name"] == name}
@@ -264,16 +268,17 @@ def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: 
         differ = [k for k in keys if k not in OWN_COLUMNS | RUNTIME_KEYS | set(PER_RUN_KEYS)
                   and len({repr(c.get(k)) for c in table.values()}) > 1]
         labels.update({run: {"arm": run[1], **{k: c.get(k, "") for k in differ}} for run, c in table.items()})
-    return labels
+    return labels, loaded
 
 
 def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,
          samples: int = 0, extra: list[str] | None = None, threads: int = 0) -> list[Job]:
     """The jobs of a reproduction. `threads`: torch threads per run; 0 shares the machine's
-    cores among the workers. Every config is loaded (validated) here, in the parent process."""
+    cores among the workers. Every config is loaded (validated) here, in the parent process, once per
+    task, arm and axis values; each job carries its own, seeds and threads set, so no worker loads it again."""
     extra = list(extra or [])
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    jobs, labels = [], labels_of(grid, scale, tasks, arms, extra)
+    jobs, (labels, loaded) = [], labels_of(grid, scale, tasks, arms, extra)
     for task in tasks:
         preset = grid.preset(scale, task)
         for arm in (a for a in arms if a in grid.arms_of(scale, task)):
@@ -281,17 +286,21 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
             for values in combinations(grid.axes(scale, task)):
                 sets = arm_overrides(grid, scale, task, arm, values) + extra
-                method = get_method(load(preset, sets).method)  # fail now, in the parent, on a bad preset or override
+                cfg = loaded[(task, arm, tuple(values.items()))]
+                method = get_method(cfg.method)
                 grid.fail_unless(method.has_stop_rules or not (stops or per_step),
                                  f"arm {arm} lists stop rules or per_step, but its method {method.name} has no stop rules")
                 for stop in stops:
                     parse_stop(grid, arm, stop, method)
                 name = "-".join([task, arm, *(f"{axis_name(k)}={axis_text(v)}" for k, v in values.items())])
                 for seed in range(seeds):
+                    run = copy.deepcopy(cfg)
+                    run.train.model_seed = run.train.data_seed = seed
+                    run.train.threads = threads
                     jobs.append(Job(task, arm, seed, str(preset),
                                     sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
                                     str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
-                                    labels[(task, arm, tuple(values.items()))]))
+                                    labels[(task, arm, tuple(values.items()))], to_dict(run)))
     return jobs
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from lengthgen.config.presets import load
+from lengthgen.config.schema import from_data
 from lengthgen.errors import UserError
 from lengthgen.reproduce.grid import Job
 
@@ -93,7 +94,8 @@ def run_on_ray(run_job, jobs: list[Job], out: Path, address: str | None, progres
         gpus = ray.cluster_resources().get("GPU", 0)
         task = ray.remote(run_job)
         for job, remote_job in zip(jobs, shipped(jobs, out)):
-            request = resources(load(job.preset, job.overrides).train.device, job.threads, gpus, gpus_per_job)
+            cfg = from_data(job.config) if job.config else load(job.preset, job.overrides)
+            request = resources(cfg.train.device, job.threads, gpus, gpus_per_job)
             pending[task.options(**request).remote(remote_job)] = (job, time.perf_counter())
         with tqdm(total=len(pending), desc="runs", disable=not progress) as bar:
             while pending:

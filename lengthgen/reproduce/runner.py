@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from lengthgen.config.presets import load
-from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, parse_lengths, parse_override, to_dict
+from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, from_data, parse_lengths, parse_override, to_dict
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import LABELS
 from lengthgen.reproduce import grid as grids
@@ -118,7 +118,7 @@ def run_job(job: Job) -> dict:
     folder = Path(job.folder)
     start = time.perf_counter()
     try:
-        cfg = load(job.preset, job.overrides)
+        cfg = from_data(job.config) if job.config else load(job.preset, job.overrides)  # validated by plan
         difference = config_difference(folder, cfg)
         if difference:
             raise UserError(f"{folder} holds a run of another config ({difference}); "
@@ -228,7 +228,7 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     from lengthgen.runtime.devices import check_precision, pick_device
     from lengthgen.runtime.resources import check_fits
     from lengthgen.tasks import task_of
-    configs = [load(job.preset, job.overrides) for job in jobs]
+    configs = [from_data(job.config) for job in jobs]
     for device, precision in {(c.train.device, c.train.precision) for c in configs} if backend == "local" else ():
         check_precision(pick_device(device), precision)  # refused here once, not in every worker
     for cfg in configs if backend == "local" else ():  # (on a cluster, each run checks the node it lands on)

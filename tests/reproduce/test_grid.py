@@ -195,3 +195,22 @@ def test_a_grid_error_names_its_file(tmp_path):
     paper = toy(tmp_path / "toy", GRID.replace("title", "titel"))
     with pytest.raises(UserError, match=r"grid.toml has an unknown key titel \(did you mean title\?\)"):
         grids.find(str(paper))
+
+
+def test_a_plan_validates_each_config_once_and_its_jobs_carry_them(tmp_path, monkeypatch):
+    """One validation per task, arm and axis values (not per seed, nor again in the workers); each
+    job's config is what loading its preset with its overrides gives."""
+    from lengthgen.config import presets
+    from lengthgen.config.schema import to_dict
+
+    paper = toy(tmp_path / "toy")
+    grid = grids.find(str(paper))
+    calls = []
+    validate = presets.validate
+    monkeypatch.setattr(presets, "validate", lambda cfg: calls.append(1) or validate(cfg))
+    jobs = grids.plan(grid, "cpu", ["multiplication"], ["plain", "rope"], 2, tmp_path / "out", 1)
+    declared = len(grid.arms_of("cpu", "multiplication")) * 2  # every declared arm (wide too) x 2 axis values
+    assert len(jobs) == 2 * 2 * 2 and len(calls) == declared
+    monkeypatch.setattr(presets, "validate", validate)
+    for job in jobs:
+        assert job.config == to_dict(presets.load(job.preset, job.overrides))
