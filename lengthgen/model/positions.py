@@ -234,6 +234,69 @@ class ALiBi(PositionalScheme):
         return -self.slopes[None, :, None, None] * dist[:, None]  # (B|1, H, T, T)
 
 
+class FIRE(PositionalScheme):
+    """Functional interpolation for relative positions (Li et al., ICLR 2024): a learned MLP
+    f maps the log-transformed distance, normalised by the query's position, to a logit bias
+    per head: b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), with c > 0 and
+    the threshold L learned. Positions count from 1 (ID + 1) so the first query's normaliser is
+    not 0. One f for every layer, as T5 shares its bias (Cho et al.'s code gives each layer its
+    own). `hidden`: f's hidden width; `c`, `threshold`: the initial c and L."""
+
+    has_bias = True
+
+    def __init__(self, cfg: ModelConfig, hidden: int = 32, c: float = 1.0, threshold: float = 1.0):
+        super().__init__(cfg)
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+            raise ValueError(f"fire hidden must be an integer >= 1, got {hidden!r}")
+        for key, value in (("c", c), ("threshold", threshold)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"fire {key} must be a finite number > 0, got {value!r}")
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, cfg.n_head))
+        self.log_c = nn.Parameter(torch.tensor(math.log(c)))  # c = exp(log_c) stays > 0
+        self.threshold = nn.Parameter(torch.tensor(float(threshold)))
+
+    def psi(self, x: Tensor) -> Tensor:
+        return torch.log(self.log_c.exp() * x + 1)
+
+    def bias(self, position_ids: Tensor) -> Tensor:
+        pos = position_ids.float() + 1  # (B|1, T)
+        distance = (pos[:, :, None] - pos[:, None, :]).clamp(min=0)  # (B|1, T, T): i - j, future keys 0 (masked)
+        scale = self.psi(torch.maximum(self.threshold.abs(), pos))[:, :, None]  # (B|1, T, 1)
+        return self.mlp((self.psi(distance) / scale)[..., None]).permute(0, 3, 1, 2)  # (B|1, H, T, T)
+
+
+def t5_bucket(distance: Tensor, buckets: int, max_distance: int) -> Tensor:
+    """T5's causal relative-position bucket of distance i - j >= 0 (Raffel et al.; HF
+    `_relative_position_bucket` with bidirectional = False): exact below buckets / 2, then
+    logarithmic up to max_distance, the last bucket beyond."""
+    exact = buckets // 2
+    far = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                   * (buckets - exact)).long()
+    return torch.where(distance < exact, distance, far.clamp(max=buckets - 1))
+
+
+class T5Bias(PositionalScheme):
+    """T5's relative position bias (Raffel et al., 2020): a learned logit bias per head for each
+    bucket of the distance i - j (`t5_bucket`), shared by every layer as in T5. Drawn from
+    N(0, d_model^-1/2), as HF's T5 draws it."""
+
+    has_bias = True
+
+    def __init__(self, cfg: ModelConfig, buckets: int = 32, max_distance: int = 128):
+        super().__init__(cfg)
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 2:
+            raise ValueError(f"t5 buckets must be an integer >= 2, got {buckets!r}")
+        if not isinstance(max_distance, int) or isinstance(max_distance, bool) or max_distance <= buckets // 2:
+            raise ValueError(f"t5 max_distance must be an integer > buckets / 2, got {max_distance!r}")
+        self.buckets, self.max_distance = buckets, max_distance
+        self.table = nn.Embedding(buckets, cfg.n_head)
+        nn.init.normal_(self.table.weight, mean=0.0, std=cfg.d_model ** -0.5)
+
+    def bias(self, position_ids: Tensor) -> Tensor:
+        distance = (position_ids[:, :, None] - position_ids[:, None, :]).clamp(min=0)  # (B|1, T, T)
+        return self.table(t5_bucket(distance, self.buckets, self.max_distance)).permute(0, 3, 1, 2)
+
+
 class CoPE(PositionalScheme):
     """Contextual position encoding (Golovneva et al., 2024): positions count the keys a
     query's gates let through (`attention.cope_attention`). Per layer, learned position
@@ -287,6 +350,8 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
     "sinusoidal": SinusoidalPositions,
     "rope": RoPE,
     "alibi": ALiBi,
+    "fire": FIRE,
+    "t5": T5Bias,
     "cope": CoPE,
     "tra": TRA,
 }

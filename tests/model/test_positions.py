@@ -21,13 +21,13 @@ def arange_ids(T, offset=0):
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_is_exactly_the_seven_schemes():
-    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "cope", "tra"}
+def test_registry_is_exactly_the_nine_schemes():
+    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "tra"}
     for name, cls in SCHEMES.items():
         scheme = build_scheme(cfg(position=name))
         assert type(scheme) is cls and isinstance(scheme, PositionalScheme)
     with pytest.raises(ValueError, match="model.position"):
-        build_scheme(cfg(position="fire"))
+        build_scheme(cfg(position="xpos"))
 
 
 def test_nope_hooks_do_nothing():
@@ -176,3 +176,50 @@ def test_table_schemes_reject_ids_past_max_positions(cls):
     s.embed(x, arange_ids(4, offset=12))  # last ID 15 is fine
     with pytest.raises(ValueError, match="max_positions"):
         s.embed(x, arange_ids(4, offset=13))
+
+
+# ---------------------------------------------------------------- FIRE and T5's bias
+
+def t5_bucket_by_hand(n: int, buckets: int = 32, max_distance: int = 128) -> int:
+    """T5's causal bucket of distance n >= 0, written from its definition one number at a time."""
+    exact = buckets // 2
+    if n < exact:
+        return n
+    return min(buckets - 1, exact + int(math.log(n / exact) / math.log(max_distance / exact) * (buckets - exact)))
+
+
+def test_t5_buckets_match_the_definition_and_its_bias_depends_only_on_distance():
+    from lengthgen.model.positions import t5_bucket
+
+    n = torch.arange(0, 400)
+    assert t5_bucket(n, 32, 128).tolist() == [t5_bucket_by_hand(int(v)) for v in n]
+    assert t5_bucket(n, 8, 20).tolist() == [t5_bucket_by_hand(int(v), 8, 20) for v in n]
+    torch.manual_seed(0)
+    s = build_scheme(cfg(position="t5", position_options={"buckets": 8, "max_distance": 20}))
+    ids = torch.arange(40)[None]
+    b = s.bias(ids)[0]  # (H, T, T)
+    assert torch.equal(s.bias(ids + 57)[0], b)  # a shift of every ID changes nothing
+    for i, j in ((10, 3), (30, 23), (39, 32)):  # the same distance, the same bias
+        assert torch.equal(b[:, i, j], b[:, 10, 3])
+    assert torch.equal(b[:, 39, 0], b[:, 25, 0]) and torch.equal(b[:, 39, 0], b[:, 20, 0])  # beyond max_distance: one bucket
+    assert not torch.equal(b[:, 3, 0], b[:, 3, 1])  # distances 3 and 2: exact buckets of their own
+    with pytest.raises(ValueError, match="max_distance"):
+        build_scheme(cfg(position="t5", position_options={"buckets": 32, "max_distance": 10}))
+
+
+def test_fire_is_its_mlp_on_the_log_distance_over_the_log_query_position():
+    torch.manual_seed(0)
+    s = build_scheme(cfg(position="fire", position_options={"c": 0.5, "threshold": 8.0}))
+    ids = torch.arange(20)[None]
+    b = s.bias(ids)[0]  # (H, T, T)
+    psi = lambda x: math.log(0.5 * x + 1)  # noqa: E731
+    for i, j in ((0, 0), (3, 1), (12, 2), (19, 19), (19, 0)):
+        x = torch.tensor([[psi(i - j) / psi(max(8.0, i + 1))]])
+        assert torch.allclose(b[:, i, j], s.mlp(x)[0], atol=1e-6), (i, j)
+    # relative: while the normaliser is the threshold (queries at positions <= L), only i - j counts
+    assert torch.allclose(b[:, 6, 2], b[:, 4, 0], atol=1e-6) and torch.allclose(b[:, 7, 7], b[:, 1, 1], atol=1e-6)
+    # past it, the same distance reads smaller for a later query: FIRE's progressive interpolation
+    far = s.mlp(torch.tensor([[psi(4) / psi(20)]]))[0]
+    assert torch.allclose(b[:, 19, 15], far, atol=1e-6) and not torch.allclose(b[:, 19, 15], b[:, 6, 2], atol=1e-4)
+    with pytest.raises(ValueError, match="fire c"):
+        build_scheme(cfg(position="fire", position_options={"c": 0.0}))
