@@ -23,6 +23,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
@@ -319,6 +320,32 @@ class CoPE(PositionalScheme):
         return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, self.keep_last)
 
 
+class FoX(PositionalScheme):
+    """The Forgetting Transformer's forget gate (Lin et al., ICLR 2025), instead of any positional
+    encoding: each token t writes a per-head forget gate f_t = sigmoid(w . x_t + b) in (0, 1), and
+    query i's logit for key j gains D_ij = sum_{l = j+1..i} log f_l <= 0, a decay that grows with
+    the distance at the rate the content sets (TRA's gate is its closest relative). Distances
+    count tokens in the sequence's order (explicit position IDs are not read). Per layer, the
+    gate is Linear(d_model, n_head) with a bias, torch's default init."""
+
+    has_content = True
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.gates = nn.ModuleList(nn.Linear(cfg.d_model, cfg.n_head) for _ in range(cfg.n_layer))
+
+    def decay(self, x: Tensor, layer: int) -> Tensor:
+        """(B, T, D) block input -> (B, H, T, T) D_ij = sum of log f over l = j+1..i (j <= i)."""
+        cumulative = F.logsigmoid(self.gates[layer](x).float()).transpose(1, 2).cumsum(-1)  # (B, H, T)
+        return cumulative[..., :, None] - cumulative[..., None, :]
+
+    def content_logits(self, q, k, x, layer):
+        T = q.shape[-2]
+        logits = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]) + self.decay(x, layer)
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        return logits.masked_fill(future, float("-inf"))
+
+
 class TRA(PositionalScheme):
     """Threshold Relative Attention (Opper et al., TMLR 2025), instead of any positional
     encoding: keys scoring <= 0 are dropped, and distance counts only the kept keys,
@@ -353,6 +380,7 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
     "fire": FIRE,
     "t5": T5Bias,
     "cope": CoPE,
+    "fox": FoX,
     "tra": TRA,
 }
 

@@ -21,8 +21,8 @@ def arange_ids(T, offset=0):
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_is_exactly_the_nine_schemes():
-    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "tra"}
+def test_registry_is_exactly_the_ten_schemes():
+    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "fox", "tra"}
     for name, cls in SCHEMES.items():
         scheme = build_scheme(cfg(position=name))
         assert type(scheme) is cls and isinstance(scheme, PositionalScheme)
@@ -223,3 +223,25 @@ def test_fire_is_its_mlp_on_the_log_distance_over_the_log_query_position():
     assert torch.allclose(b[:, 19, 15], far, atol=1e-6) and not torch.allclose(b[:, 19, 15], b[:, 6, 2], atol=1e-4)
     with pytest.raises(ValueError, match="fire c"):
         build_scheme(cfg(position="fire", position_options={"c": 0.0}))
+
+
+def test_the_forget_gate_decays_with_distance_as_the_sum_of_its_log_gates():
+    torch.manual_seed(0)
+    s = build_scheme(cfg(position="fox", n_layer=2))
+    x = torch.randn(2, 9, 32)
+    D = s.decay(x, 1)  # (B, H, T, T)
+    logf = torch.nn.functional.logsigmoid(s.gates[1](x)).transpose(1, 2)  # (B, H, T)
+    for i, j in ((0, 0), (4, 1), (8, 0), (8, 7)):
+        assert torch.allclose(D[:, :, i, j], logf[:, :, j + 1:i + 1].sum(-1), atol=1e-5), (i, j)
+    below = torch.ones(9, 9, dtype=torch.bool).tril()
+    assert (D[..., below] <= 1e-6).all()  # a decay: never a gain
+    # one gate everywhere (the same token repeated): the decay is that gate's log times the distance,
+    # strictly falling with distance
+    same = s.decay(x[:, :1].expand(-1, 9, -1), 0)[0, :, 8, :]  # (H, keys) from the last query
+    assert (same[:, 1:] > same[:, :-1]).all()
+    assert torch.allclose(same[:, 0], 8 * (same[:, 7] - same[:, 8]), atol=1e-5)
+    # its logits are q.k / sqrt(Dh) plus the decay, future keys -inf
+    q, k = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    logits = s.content_logits(q, k, x, 1)
+    assert torch.isinf(logits[..., 0, 1:]).all() and torch.allclose(
+        logits[..., 5, 2], (q[..., 5, :] * k[..., 2, :]).sum(-1) / 4 + D[..., 5, 2], atol=1e-5)
