@@ -31,6 +31,21 @@ samples = {samples}
 """
 
 
+def positions_grid(title: str, arms: str = "") -> str:
+    """A grid.toml over Parity with a NoPE and a RoPE arm, and `arms` (more [arms.NAME] tables)."""
+    return f"""
+title = "{title}"
+seeds = 1
+[tasks.parity]
+[arms.nope]
+set = {{"model.position" = "nope"}}
+[arms.rope]
+set = {{"model.position" = "rope"}}
+{arms}
+[scales.cpu]
+"""
+
+
 def toy_paper(folder: Path, grid: str, presets: dict[str, str]) -> Path:
     """A paper folder: grid.toml and cpu/<task>.toml for each preset."""
     (folder / "cpu").mkdir(parents=True, exist_ok=True)

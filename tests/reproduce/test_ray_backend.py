@@ -18,25 +18,15 @@ from lengthgen.reproduce.grid import Job
 from lengthgen.reproduce.ray_runner import RAY_MISSING, resources, run_on_ray
 from lengthgen.runtime import checkpoint
 from lengthgen.training.trainer import train
-from toy_papers import toy_paper, toy_preset
+from toy_papers import positions_grid, toy_paper, toy_preset
 
 PRESET = toy_preset(lengths="2,12")
 
-GRID = """
-title = "A toy grid"
-seeds = 1
-[tasks.parity]
-[arms.nope]
-set = {"model.position" = "nope"}
-[arms.rope]
-set = {"model.position" = "rope"}
-[arms.learned]
+GRID = positions_grid("A toy grid", """[arms.learned]
 set = {"model.position" = "learned", "model.max_positions" = 64}
 [arms.short_table]
 description = "a learned table too short for test length 12 (14 tokens): its evaluation fails"
-set = {"model.position" = "learned", "model.max_positions" = 12}
-[scales.cpu]
-"""
+set = {"model.position" = "learned", "model.max_positions" = 12}""")
 ARMS = ["nope", "rope", "learned", "short_table"]
 
 

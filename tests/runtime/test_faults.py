@@ -29,7 +29,7 @@ from lengthgen.evaluation.evaluate import read_rows
 from lengthgen.runtime.checkpoint import latest
 from lengthgen.runtime.run_folders import unstarted
 from tiny_runs import TINY, error_lines, one_line_error, train_cli
-from toy_papers import toy_paper, toy_preset
+from toy_papers import positions_grid, toy_paper, toy_preset
 
 GIB = 2 ** 30
 # the driver runs several CLI calls in one process (one torch import) and prints each call's exit
@@ -356,16 +356,7 @@ def test_a_pointer_to_a_missing_checkpoint_is_one_line(copy, capsys):
 
 # -- kills at random points ---------------------------------------------------------------------------
 
-GRID = """
-title = "Faults"
-seeds = 1
-[tasks.parity]
-[arms.nope]
-set = {"model.position" = "nope"}
-[arms.rope]
-set = {"model.position" = "rope"}
-[scales.cpu]
-"""
+GRID = positions_grid("Faults")
 PRESET = toy_preset(steps=40, lengths="2,4,8", samples=32)
 
 
