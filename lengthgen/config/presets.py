@@ -13,15 +13,15 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, INITS,
-                                     LENGTH_SAMPLING, LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED,
-                                     MAX_THREADS, MLPS, NORMS, PRECISIONS, RESIDUALS, SCHEDULES, Config, Dependence,
-                                     _hint, from_data, parse_lengths, read)
+from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, LENGTH_SAMPLING,
+                                     LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS,
+                                     PRECISIONS, SCHEDULES, Config, Dependence, _hint, from_data, parse_lengths, read)
 from lengthgen.errors import ConfigError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, get_method
 from lengthgen.model.position_transforms import TRANSFORMS, base_ids, build_transform, real_columns
 from lengthgen.model.positions import SCHEMES
+from lengthgen.model.transformer import INITS, MLPS, NORMS, RESIDUALS  # the registries the block is built from
 from lengthgen.tasks import TASKS, get_task, task_of
 
 

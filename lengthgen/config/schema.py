@@ -22,7 +22,6 @@ else:  # pragma: no cover
 
 from lengthgen.errors import ConfigError
 
-INITS = ("gpt2", "torch", "looped-tf", "tra", "t5")  # model.init choices, see ModelConfig
 
 
 @dataclass
@@ -162,9 +161,6 @@ PRECISIONS = ("fp32", "bf16")
 CONFIDENCE_PRECISIONS = ("float64", "float32")  # eval.confidence_precision (lengthgen.methods.looped.stop_passes)
 LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen.training.trackers)
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "gelu-tanh", "swiglu", "gated-gelu")
-RESIDUALS = ("pre-norm", "norm-before-add", "pre-and-post-norm")
 ATTENTION_DROPOUT_ON = ("weights", "logits")
 # keys of earlier versions: where they went (a saved run folder written by them still loads);
 # model.rope_theta moved on 2026-11-23: run folders written since never hold it

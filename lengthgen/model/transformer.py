@@ -33,20 +33,25 @@ from lengthgen.model.positions import PositionalScheme, build_scheme, default_po
 from lengthgen.tasks.base import PAD
 
 
+# model.norm -> the norm, over the last dimension: LayerNorm (weight and bias) or RMSNorm
+# (x / sqrt(mean(x^2) + eps) * weight, eps the dtype's machine epsilon)
+NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
-    """LayerNorm (weight and bias) or RMSNorm (x / sqrt(mean(x^2) + eps) * weight, eps the
-    dtype's machine epsilon), over the last dimension."""
-    return nn.LayerNorm(cfg.d_model) if cfg.norm == "layernorm" else nn.RMSNorm(cfg.d_model)
+    return NORMS[cfg.norm](cfg.d_model)
 
 
 class MLP(nn.Module):
     """GPT-2: c_proj(gelu(c_fc(x))); gelu-tanh is GPT-2's own `gelu_new`, the tanh approximation."""
 
-    def __init__(self, cfg: ModelConfig):
+    matrices = 2  # d x hidden matrices (lengthgen.runtime.resources counts them)
+
+    def __init__(self, cfg: ModelConfig, act: nn.Module):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
         self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
-        self.gelu = nn.GELU(approximate="tanh" if cfg.mlp == "gelu-tanh" else "none")
+        self.gelu = act
         self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
@@ -59,13 +64,15 @@ class GatedMLP(nn.Module):
     """c_proj(act(c_gate(x)) * c_fc(x)), hidden width mlp_ratio * d_model. swiglu (Shazeer 2020):
     act = silu; gated-gelu (T5's, as Cho et al. use it): act = gelu_new, the tanh approximation."""
 
-    def __init__(self, cfg: ModelConfig):
+    matrices = 3
+
+    def __init__(self, cfg: ModelConfig, act: nn.Module):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
         self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # linear units
         self.c_gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # gate units
         self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
-        self.act = nn.SiLU() if cfg.mlp == "swiglu" else nn.GELU(approximate="tanh")
+        self.act = act
         self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -73,7 +80,35 @@ class GatedMLP(nn.Module):
         return self.drop(self.c_proj(self.hidden_drop(self.act(self.c_gate(x)) * self.c_fc(x))))  # (B, T, D)
 
 
-MLPS = {"gelu": MLP, "gelu-tanh": MLP, "swiglu": GatedMLP, "gated-gelu": GatedMLP}
+# model.mlp -> (the MLP, its activation)
+MLPS = {"gelu": (MLP, lambda: nn.GELU()), "gelu-tanh": (MLP, lambda: nn.GELU(approximate="tanh")),
+        "swiglu": (GatedMLP, nn.SiLU), "gated-gelu": (GatedMLP, lambda: nn.GELU(approximate="tanh"))}
+
+
+def make_mlp(cfg: ModelConfig) -> nn.Module:
+    kind, act = MLPS[cfg.mlp]
+    return kind(cfg, act())
+
+
+def pre_norm(block: "Block", x: Tensor, attend) -> Tensor:
+    x = x + attend(block.ln_1(x))
+    return x + block.mlp(block.ln_2(x))
+
+
+def norm_before_add(block: "Block", x: Tensor, attend) -> Tensor:
+    x = block.ln_1(x)
+    x = x + attend(x)
+    x = block.ln_2(x)
+    return x + block.mlp(x)
+
+
+def pre_and_post_norm(block: "Block", x: Tensor, attend) -> Tensor:
+    x = block.ln_1_post(x + attend(block.ln_1(x)))
+    return block.ln_2_post(x + block.mlp(block.ln_2(x)))
+
+
+# model.residual -> how a block adds its sublayers to the residual stream
+RESIDUALS = {"pre-norm": pre_norm, "norm-before-add": norm_before_add, "pre-and-post-norm": pre_and_post_norm}
 
 
 class Block(nn.Module):
@@ -85,26 +120,17 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.residual = cfg.residual
+        self.residual = RESIDUALS[cfg.residual]
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = make_norm(cfg)
-        self.mlp = MLPS[cfg.mlp](cfg)
-        if cfg.residual == "pre-and-post-norm":
+        self.mlp = make_mlp(cfg)
+        if self.residual is pre_and_post_norm:  # the post norms exist only in this block
             self.ln_1_post, self.ln_2_post = make_norm(cfg), make_norm(cfg)
 
     def forward(self, x: Tensor, scheme: PositionalScheme, position_ids: Tensor,
                 packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
-        if self.residual == "pre-norm":
-            x = x + self.attn(self.ln_1(x), scheme, position_ids, packed, cache)
-            return x + self.mlp(self.ln_2(x))
-        if self.residual == "pre-and-post-norm":
-            x = self.ln_1_post(x + self.attn(self.ln_1(x), scheme, position_ids, packed, cache))
-            return self.ln_2_post(x + self.mlp(self.ln_2(x)))
-        x = self.ln_1(x)
-        x = x + self.attn(x, scheme, position_ids, packed, cache)
-        x = self.ln_2(x)
-        return x + self.mlp(x)
+        return self.residual(self, x, lambda h: self.attn(h, scheme, position_ids, packed, cache))
 
 
 class Transformer(nn.Module):
@@ -129,14 +155,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=cfg.head_bias)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # one (V, D) matrix reads in and out
-        if cfg.init == "gpt2":
-            self._init_gpt2()
-        elif cfg.init == "looped-tf":
-            self._init_looped_tf()
-        elif cfg.init == "tra":
-            self._init_tra()
-        elif cfg.init == "t5":
-            self._init_t5()
+        INITS[cfg.init](self)
         # init "torch" keeps torch's module defaults: kaiming-uniform linears and a
         # N(0, 1) embedding. The looped CPU presets use it: the looped state is
         # LayerNorm-ed every iteration (entries ~1), and GPT-2's 0.02 embedding
@@ -279,3 +298,8 @@ class Transformer(nn.Module):
         One pass through the blocks: a looped model multiplies the block part."""
         L, D = self.cfg.n_layer, self.cfg.d_model
         return 6 * self.num_params(non_embedding=True) + 12 * L * D * seq_len
+
+
+# model.init -> what it does to a freshly built Transformer ("torch": keep torch's defaults)
+INITS = {"gpt2": Transformer._init_gpt2, "torch": lambda model: None, "looped-tf": Transformer._init_looped_tf,
+         "tra": Transformer._init_tra, "t5": Transformer._init_t5}

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from lengthgen.config.schema import Config
+from lengthgen.model.transformer import MLPS
 
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (ulimit -f)
 NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -59,9 +60,10 @@ def available_memory(device: torch.device) -> int | None:
 
 
 def parameters_at_least(cfg: Config, vocab_size: int) -> int:
-    """The parameters of the model's matrices (biases, norms and any scheme's own left out)."""
+    """The parameters of the model's matrices (biases, norms and any scheme's own left out; a gated
+    MLP has three matrices, the others two)."""
     m = cfg.model
-    per_block = 4 * m.d_model ** 2 + (3 if m.mlp == "swiglu" else 2) * m.mlp_ratio * m.d_model ** 2
+    per_block = 4 * m.d_model ** 2 + MLPS[m.mlp][0].matrices * m.mlp_ratio * m.d_model ** 2
     tables = vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     if m.position == "learned":
         tables += m.max_positions * m.d_model

@@ -220,6 +220,7 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
     from lengthgen.config import schema
     from lengthgen.methods.registry import METHODS
     from lengthgen.model.position_transforms import TRANSFORMS
+    from lengthgen.model import transformer
     from lengthgen.model.positions import SCHEMES
 
     page = (ROOT / "docs" / "configuration.md").read_text()
@@ -237,8 +238,8 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in skip]
 
     choices = {"method": METHODS, "model.position": SCHEMES, "train.position_transform": TRANSFORMS,
-               "model.init": schema.INITS, "model.norm": schema.NORMS, "model.mlp": schema.MLPS,
-               "model.residual": schema.RESIDUALS, "train.schedule": schema.SCHEDULES,
+               "model.init": transformer.INITS, "model.norm": transformer.NORMS, "model.mlp": transformer.MLPS,
+               "model.residual": transformer.RESIDUALS, "train.schedule": schema.SCHEDULES,
                "train.log_to": schema.LOG_SINKS, "model.attn_dropout_on": schema.ATTENTION_DROPOUT_ON}
     for key, names in choices.items():
         for name in names:
