@@ -35,6 +35,7 @@ import torch
 
 from lengthgen.config.schema import RANKS, Dependence
 from lengthgen.evaluation.language_model import ablated_losses, documents
+from lengthgen.model.attention import recording
 
 DEPENDENCE = "dependence.csv"
 TOKEN_LOSS = "token_loss.csv"
@@ -63,7 +64,6 @@ def attention_ranks(method, model, stream, index: np.ndarray, near: int, full: i
     passes run. (N, full - near)."""
     from lengthgen.evaluation.language_model import rows_batch
 
-    scheme = model.scheme
     ranks = np.zeros((len(index), full - near), dtype=np.int64)
     rows = max(1, batch_tokens // full)
     offsets = np.arange(-full, 0)
@@ -72,12 +72,9 @@ def attention_ranks(method, model, stream, index: np.ndarray, near: int, full: i
         columns = chunk[:, None] + offsets[None, :]
         batch, last = rows_batch(stream, columns, np.full(len(chunk), full),
                                  np.broadcast_to(np.arange(full), columns.shape), chunk)
-        scheme.keep, scheme.keep_last = {}, True
-        try:
+        with recording(model, last_only=True) as recorder:
             method.last_logits(model, batch.to(device), last.to(device))
-            mass = sum(chunks[-1][:, :, -1, :].float().mean(1) for chunks in scheme.keep.values())  # (rows, full)
-        finally:
-            scheme.keep, scheme.keep_last = None, False
+        mass = sum(chunks[-1][:, :, -1, :].float().mean(1) for chunks in recorder.weights.values())  # (rows, full)
         far = mass[:, :full - near].cpu().numpy()  # column j is distance full - j
         order = np.argsort(-far, axis=1, kind="stable")
         ranks[first:first + len(chunk)] = full - order

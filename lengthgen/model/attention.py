@@ -16,11 +16,11 @@
 
 RoPE-style rotation is applied in every path, before the logits are formed.
 
-Recording: when the scheme's `keep` is a dict, every path also records its attention
-weights (layer -> list of (B, H, queries, keys) chunks, detached; only the last query's
-row when `scheme.keep_last`): the content schemes from inside their own attention, the
-others by `attention_weights` beside the unchanged fast path, so a recorded forward pass
-returns the same output as an unrecorded one.
+Recording: inside `recording(model)`, every attention layer hands its weights to the
+`AttentionRecorder` installed on it (layer -> list of (B, H, queries, keys) chunks, detached;
+only the last query's row with `last_only`): the content schemes from inside their own
+attention, the others by `attention_weights` beside the unchanged fast path, so a recorded
+forward pass returns the same output as an unrecorded one.
 
 Packed rows (`Packed`): the looped model's step-dependent loss keeps rows of
 different widths as one (N, D) token array, so the per-token layers (LayerNorm,
@@ -29,6 +29,8 @@ padding. Only attention pads them to (rows, widest) and back; padding sits
 after each row's last token, so causal attention never lets it reach a real one.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from dataclasses import dataclass
 
@@ -212,9 +214,35 @@ def attention_weights(q: Tensor, k: Tensor, bias: Tensor | None = None, last: bo
     return torch.softmax(logits if bias is None else logits + bias, dim=-1)
 
 
-def record(keep: dict, layer: int, weights: Tensor, last: bool) -> None:
-    """Append a layer's weights (B, H, queries, keys) to a scheme's `keep` dict."""
-    keep.setdefault(layer, []).append((weights[..., -1:, :] if last else weights).detach())
+class AttentionRecorder:
+    """Each layer's attention weights while installed (`recording`): `weights[layer]`, a list of
+    (B, H, queries, keys) chunks, detached; with `last_only`, only the last query's row
+    (B, H, 1, T), which costs O(T) instead of O(T^2)."""
+
+    def __init__(self, last_only: bool = False):
+        self.weights: dict[int, list[Tensor]] = {}
+        self.last_only = last_only
+
+    def chunks(self, layer: int) -> list:
+        """The list a scheme computing its own attention appends the layer's chunks to."""
+        return self.weights.setdefault(layer, [])
+
+    def add(self, layer: int, weights: Tensor) -> None:
+        self.chunks(layer).append((weights[..., -1:, :] if self.last_only else weights).detach())
+
+
+@contextmanager
+def recording(model: nn.Module, last_only: bool = False):
+    """Record the attention of every forward pass of `model` inside the block: an
+    AttentionRecorder installed on each module with a `recorder` slot, removed on exit."""
+    recorder, holders = AttentionRecorder(last_only), [m for m in model.modules() if hasattr(m, "recorder")]
+    for module in holders:
+        module.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        for module in holders:
+            module.recorder = None
 
 
 def use_math_attention(q: Tensor) -> bool:
@@ -318,6 +346,7 @@ class CausalSelfAttention(nn.Module):
         # T5's logits are q . k, unscaled (model.attn_scale = false): every path below divides by
         # sqrt(Dh), so q is multiplied by it first, the same logits in every path
         self.q_factor = 1.0 if cfg.attn_scale else (cfg.d_model // cfg.n_head) ** 0.5
+        self.recorder: AttentionRecorder | None = None  # installed by `recording`
 
     def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
                 packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
@@ -340,21 +369,21 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else NO_DROPOUT
         p = dropout.p if dropout.on == "weights" else 0.0  # what SDPA's dropout_p may take
 
-        keep = getattr(scheme, "keep", None)  # a dict: record this layer's weights (content schemes do it inside)
-        if keep is not None and not scheme.has_content and cache is None:
-            record(keep, self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
-                                                       scheme.keep_last), scheme.keep_last)
+        recorder = self.recorder  # record this layer's weights (content schemes do it inside)
+        if recorder is not None and not scheme.has_content and cache is None:
+            recorder.add(self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
+                                                       recorder.last_only))
         if cache is not None:
             y = cached_attention(q, *cache.extend(self.layer, k, v))
-        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout)) is not None:
+        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout, recorder)) is not None:
             pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
         elif scheme.has_content:
             logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme
             if scheme.has_bias:
                 logits = logits + scheme.bias(position_ids)
             att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
-            if keep is not None:
-                record(keep, self.layer, att, scheme.keep_last)
+            if recorder is not None:
+                recorder.add(self.layer, att)
             y = att.to(v.dtype) @ v  # (B, H, T, Dh)
         elif dropout.p and dropout.on == "logits":
             y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model.attention import AttentionDropout, cope_attention, tra_attention
+from lengthgen.model.attention import AttentionDropout, AttentionRecorder, cope_attention, tra_attention
 
 
 def default_position_ids(seq_len: int, device=None) -> Tensor:
@@ -54,11 +54,6 @@ class PositionalScheme(nn.Module):
     has_content = False  # True if `content_logits` returns a tensor
     has_table = False  # True if it reads a table of model.max_positions rows
     adds_ids = False  # True if `embed` adds the position IDs to the input (absolute positions)
-    # Attention recording, for every scheme: set `keep` to a dict and each layer appends its weights
-    # (layer -> list of (B, H, queries, keys) chunks; attention.py); `keep_last` keeps only the last
-    # query's row (a per-token measurement needs no more, and it costs O(T), not O(T^2)).
-    keep: dict | None = None
-    keep_last: bool = False
 
     @classmethod
     def check(cls, model: ModelConfig) -> None:
@@ -97,7 +92,7 @@ class PositionalScheme(nn.Module):
         return None
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int,
-               dropout: AttentionDropout) -> Tensor | None:
+               dropout: AttentionDropout, recorder: AttentionRecorder | None = None) -> Tensor | None:
         """The attention output (B, H, T, Dh) computed by the scheme itself (a content
         scheme that needs more than logits: chunked queries, its own masking), or None to
         let attention softmax `content_logits`. `dropout` acts on the logits or the weights."""
@@ -315,9 +310,9 @@ class CoPE(PositionalScheme):
         self.pos_emb = nn.ParameterList(nn.Parameter(torch.zeros(self.head_dim, npos_max))
                                         for _ in range(cfg.n_layer))
 
-    def attend(self, q, k, v, x, layer, dropout):
-        kept = self.keep.setdefault(layer, []) if self.keep is not None else None
-        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, self.keep_last)
+    def attend(self, q, k, v, x, layer, dropout, recorder=None):
+        kept, last = (recorder.chunks(layer), recorder.last_only) if recorder is not None else (None, False)
+        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, last)
 
 
 class FoX(PositionalScheme):
@@ -352,7 +347,7 @@ class TRA(PositionalScheme):
     weighted by a per-head forget gate of the query (`attention.tra_attention`). Per layer,
     the gate is Linear(d_model, n_head) with a bias, torch's default init.
     `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once).
-    Set `keep` to a dict to collect each layer's attention weights (layer -> list of chunks)."""
+    Inside `recording(model)` it hands each layer's attention weights to the recorder."""
 
     has_content = True
 
@@ -363,10 +358,10 @@ class TRA(PositionalScheme):
         self.chunk = chunk
         self.gates = nn.ModuleList(nn.Linear(cfg.d_model, cfg.n_head) for _ in range(cfg.n_layer))
 
-    def attend(self, q, k, v, x, layer, dropout):
+    def attend(self, q, k, v, x, layer, dropout, recorder=None):
         gate_logit = self.gates[layer](x).transpose(1, 2)  # (B, H, T)
-        kept = self.keep.setdefault(layer, []) if self.keep is not None else None
-        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept, self.keep_last)
+        kept, last = (recorder.chunks(layer), recorder.last_only) if recorder is not None else (None, False)
+        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept, last)
 
 
 # Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's

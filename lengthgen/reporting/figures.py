@@ -233,10 +233,11 @@ def plot_attention(folder: Path, path: Path, options: dict | None = None, length
     at `length`, default its training maximum, with task `options` changed, e.g. a split):
     a panel per layer and head, a row per scored position (e.g. each read), a column per key;
     where the task says which input holds each answer (Task.source_positions), a red dot
-    marks it. Returns a caption. Every scheme records its weights (`PositionalScheme.keep`)."""
+    marks it. Returns a caption. Every scheme records its weights (`lengthgen.model.attention.recording`)."""
     import torch
 
     from lengthgen.evaluation.evaluate import eval_generator, load_run
+    from lengthgen.model.attention import recording
     from lengthgen.tasks import task_of
 
     cfg, task, _, model, _ = load_run(folder, torch.device("cpu"))
@@ -244,11 +245,9 @@ def plot_attention(folder: Path, path: Path, options: dict | None = None, length
     n = length or cfg.task.train_max
     batch = task.sample(1, n, eval_generator(cfg.eval.seed, n))
     width = int(batch.widths[0])
-    model.scheme.keep = {}
-    with torch.no_grad():
+    with torch.no_grad(), recording(model) as recorder:
         pred = model(batch.inputs[:, :width], None if batch.position_ids is None else batch.position_ids[:, :width])
-    weights = {layer: torch.cat(chunks, 2)[0] for layer, chunks in model.scheme.keep.items()}  # (H, T, T)
-    model.scheme.keep = None
+    weights = {layer: torch.cat(chunks, 2)[0] for layer, chunks in recorder.weights.items()}  # (H, T, T)
     scored = batch.scored[0, :width].nonzero().flatten()
     right = int(((pred.argmax(-1)[0, scored] == batch.targets[0, scored])).sum())
     sources = task.source_positions(batch)

@@ -18,6 +18,7 @@ from lengthgen.errors import ConfigError
 from lengthgen.evaluation.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
 from lengthgen.evaluation.language_model import ablated_losses, context_losses, documents, scored_tokens, token_losses
 from lengthgen.methods.registry import Method, NextTokenPrediction
+from lengthgen.model.attention import recording
 from lengthgen.model.positions import SCHEMES, PositionalScheme
 from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import EOS, get_task
@@ -152,13 +153,16 @@ def test_every_scheme_records_attention_without_changing_the_output(position):
     inputs = torch.randint(3, 259, (3, 20))
     with torch.no_grad():
         plain = model(inputs)
-        model.scheme.keep = {}
-        recorded = model(inputs)
-        weights = {layer: torch.cat(chunks, 2) for layer, chunks in model.scheme.keep.items()}
-        model.scheme.keep, model.scheme.keep_last = {}, True
+        with recording(model) as recorder:
+            recorded = model(inputs)
+        weights = {layer: torch.cat(chunks, 2) for layer, chunks in recorder.weights.items()}
+        with recording(model, last_only=True) as recorder:
+            model(inputs)
+        last = {layer: chunks[-1] for layer, chunks in recorder.weights.items()}
+        with recording(model) as recorder:
+            pass
         model(inputs)
-        last = {layer: chunks[-1] for layer, chunks in model.scheme.keep.items()}
-    model.scheme.keep, model.scheme.keep_last = None, False
+    assert recorder.weights == {}  # outside the block nothing is recorded
     torch.testing.assert_close(recorded, plain)
     assert sorted(weights) == [0, 1]
     for layer, w in weights.items():
@@ -176,10 +180,9 @@ def test_recorded_weights_of_the_first_layer_equal_a_softmax_written_by_hand(pos
     inputs, T = torch.randint(3, 259, (2, 12)), 12
     ids = torch.arange(T)[None]
     with torch.no_grad():
-        model.scheme.keep = {}
-        model(inputs)
-        got = model.scheme.keep[0][0]
-        model.scheme.keep = None
+        with recording(model) as recorder:
+            model(inputs)
+        got = recorder.weights[0][0]
         block = model.blocks[0]
         h = block.ln_1(model.embed(inputs, ids))
         q, k, _ = block.attn.c_attn(h).split(32, dim=2)
@@ -217,8 +220,8 @@ class PlantedReader(Method):
     them give the sum, so it puts 0.98 on that symbol when it finds all and is uniform otherwise.
     Graded (not sharp): a toy of a dependence that accumulates, it is told the right symbol and
     each planted token found moves a share 0.98 / K of its belief onto it, so recovery grows with
-    every planted token kept. Its "attention" (recorded like a model's when the scheme's keep is
-    set) falls on the planted tokens it finds, and a little on every other token."""
+    every planted token kept. Its "attention" (recorded like a model's inside `recording`)
+    falls on the planted tokens it finds, and a little on every other token."""
 
     def __init__(self, offsets, sharp=True):
         self.offsets, self.sharp = offsets, sharp
@@ -241,8 +244,8 @@ class PlantedReader(Method):
                 if target_id - o in at:
                     w[ids.index(target_id - o)] = 1.0
             rows.append(w / w.sum())
-        if model.scheme.keep is not None:
-            model.scheme.keep.setdefault(0, []).append(torch.stack(rows)[:, None, None, :])
+        if model.recorder is not None:  # installed by `recording`, as on a model's attention layers
+            model.recorder.add(0, torch.stack(rows)[:, None, None, :])
         return out
 
 
@@ -259,6 +262,7 @@ class Holder(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.scheme = PositionalScheme(ModelConfig())
+        self.recorder = None  # a slot `recording` fills
 
 
 def brute_force_k(method, model, stream, t, ranked, near, full, near_loss, full_loss, epsilon):
