@@ -27,6 +27,14 @@ digits that makes n 20.5 on average (15.5 with one uniform n) and 31 % of the op
 digits zeros (10 %). At a given length n (evaluation) both operands have exactly n
 digits, as Cho et al. test.
 
+`abacus = true` gives the batch Abacus position IDs (McLeish et al., 2024) instead: each
+number's digits are counted from its own units digit, 1, 2, ... in a, in b and in the sum, so the
+IDs restart at every number; "+", "=", a BOS and padding take 0. Read through a `learned`
+table, with the `random_offset` transform (keep_zero) standing in for Abacus's random training
+offset. For addition they differ from coupled IDs only in the operators' ID (0, not START) and
+in counting from 1; the IDs depend on where each number starts, which the task knows, so they
+are the task's, as coupled IDs are.
+
 `bos = true` opens the question with a BOS (the EOS token, as Cho et al.'s tokenizer
 does) whose coupled ID is 0, kept at 0 by random_offset's keep_zero, as in their code;
 `eos = true` ends the answer with a scored EOS, whose ID (as a next-ID target) is 0 too.
@@ -66,12 +74,15 @@ class DecimalAddition(Task):
     eos = False  # the question fixes the answer length: n + 1 digits (option eos = true: a scored EOS)
     example = "653+049= -> 2070"
 
-    def __init__(self, *, coupled: bool = False, operands: str = "equal", bos: bool = False, eos: bool = False):
-        for flag, value in (("coupled", coupled), ("bos", bos), ("eos", eos)):
+    def __init__(self, *, coupled: bool = False, operands: str = "equal", bos: bool = False, eos: bool = False,
+                 abacus: bool = False):
+        for flag, value in (("coupled", coupled), ("bos", bos), ("eos", eos), ("abacus", abacus)):
             check_flag(self.name, flag, value)
+        if coupled and abacus:
+            raise ValueError("decimal_addition: coupled and abacus are two layouts of position IDs; choose one")
         if operands not in OPERANDS:
             raise ValueError(f"decimal_addition: operands must be one of {', '.join(OPERANDS)}, got {operands!r}")
-        self.coupled, self.operands, self.bos, self.eos = coupled, operands, bos, eos
+        self.coupled, self.operands, self.bos, self.eos, self.abacus = coupled, operands, bos, eos, abacus
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, width = self.lengths_of(batch_size, length)
@@ -129,6 +140,9 @@ class DecimalAddition(Task):
             j = torch.arange(batch.inputs.shape[1])[None, :]
             ids = (START + 2 + j - batch.question_len[:, None]).masked_fill(batch.targets == EOS, 0)
             batch.target_ids = ids.masked_fill(~batch.scored, IGNORE)
+        if self.abacus:  # each number's digits from its units digit: the coupled IDs, operators at 0
+            ids = self.coupled_ids(batch, la, int(self.bos))
+            batch.position_ids = torch.where(ids > START, ids - START, 0)
         return batch
 
     @staticmethod

@@ -125,3 +125,28 @@ def test_copy_and_unique_set_ids_point_at_the_input_they_copy():
             assert [int(batch.target_ids[i, j]) for j in columns] == [every[j + 1] for j in columns]
         plain = get_task(name, **options).sample(len(n), n, torch.Generator().manual_seed(4))
         assert plain.position_ids is None and plain.target_ids is None and torch.equal(plain.inputs, batch.inputs)
+
+
+def abacus_ids(question: str, answer: str) -> list[int]:
+    """Walk the text: each number's digits counted from its own units digit, 1, 2, ...; '+' and
+    '=' -> 0. (The answer is written units first; its last digit is never an input.)"""
+    a, b = question[:-1].split("+")
+    ids = [len(a) - j for j in range(len(a))] + [0] + [len(b) - j for j in range(len(b))] + [0]
+    return ids + [1 + i for i in range(len(answer) - 1)]
+
+
+@pytest.mark.parametrize("operands", ["equal", "different", "independent"])
+def test_abacus_ids_restart_at_every_number(operands):
+    task = get_task("decimal_addition", abacus=True, operands=operands)
+    n = torch.tensor([1, 2, 5, 9, 3] * 6)
+    batch = (task.sample_range(len(n), 1, 9, torch.Generator().manual_seed(2)) if operands == "independent"
+             else task.sample(len(n), n, torch.Generator().manual_seed(2)))
+    for i in range(len(batch)):
+        question, answer = task.to_text(batch, i)
+        expected, got = abacus_ids(question, answer), batch.position_ids[i].tolist()
+        assert got[:len(expected)] == expected, (question, answer, got)
+        assert all(p == 0 for p in got[len(expected):])
+        starts = [k for k, p in enumerate(expected) if p == 1]
+        assert len(starts) == 3  # a's units digit, b's and the sum's: one restart per number
+    with pytest.raises(ValueError, match="choose one"):
+        get_task("decimal_addition", abacus=True, coupled=True)
