@@ -69,7 +69,8 @@ def cmd_train(args) -> None:
 
 def cmd_eval(args) -> None:
     from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_override
-    from lengthgen.evaluation.evaluate import COLUMNS, evaluate_run, format_table, load_run, metric_names
+    from lengthgen.evaluation.evaluate import evaluate_run, load_run
+    from lengthgen.evaluation.rows import COLUMNS, format_table, metric_names
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")

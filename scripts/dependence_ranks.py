@@ -27,7 +27,7 @@ import torch
 
 from lengthgen.evaluation.dependence import (DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, measure, read_dependence,
                                              read_token_losses, write_cost, write_dependence)
-from lengthgen.evaluation.evaluate import read_labels, read_rows, with_labels, write_rows
+from lengthgen.evaluation.rows import read_labels, read_rows, with_labels, write_rows
 from run_args import open_run
 
 

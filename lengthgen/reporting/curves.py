@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.ticker import ScalarFormatter
 
 from lengthgen.evaluation.during_training import PREFIX as TEST_PREFIX
-from lengthgen.evaluation.evaluate import POSITION_LOSS, read_position_loss
+from lengthgen.evaluation.rows import POSITION_LOSS, read_position_loss
 from lengthgen.reporting.figures import _pyplot
 from lengthgen.reporting.series import key_columns, series_colors, series_labels
 from lengthgen.runtime.run_folders import read_metrics

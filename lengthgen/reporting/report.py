@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.errors import UserError
-from lengthgen.evaluation.evaluate import COLUMNS, METRICS, columns_of, metric_names, write_csv
+from lengthgen.evaluation.rows import COLUMNS, METRICS, columns_of, metric_names, write_csv
 from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section

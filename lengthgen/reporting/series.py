@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, read, to_dict
 from lengthgen.errors import ConfigError, UserError
-from lengthgen.evaluation.evaluate import BOOKKEEPING, cell, read_per_step, read_rows, metric_names
+from lengthgen.evaluation.rows import BOOKKEEPING, cell, read_per_step, read_rows, metric_names
 
 KEYS = ("task", "arm", "method", "position", "stop")  # columns every row has that tell series apart
 STEP_VALUES = ("iteration", "accuracy", "confidence", "oracle_step")  # per_step.csv's measured columns

@@ -219,8 +219,8 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
 
     from lengthgen.config import schema
     from lengthgen.methods.registry import METHODS
-    from lengthgen.model.position_transforms import TRANSFORMS
     from lengthgen.model import transformer
+    from lengthgen.model.position_transforms import TRANSFORMS
     from lengthgen.model.positions import SCHEMES
 
     page = (ROOT / "docs" / "configuration.md").read_text()

@@ -12,8 +12,9 @@ import torch
 
 from lengthgen.cli import main
 from lengthgen.config import presets
-from lengthgen.evaluation.evaluate import evaluate_run, read_position_loss, read_rows
+from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.evaluation.language_model import perplexity_at, split_windows
+from lengthgen.evaluation.rows import read_position_loss, read_rows
 from lengthgen.methods.registry import Method
 from lengthgen.reporting.report import write_report
 from lengthgen.tasks import EOS, IGNORE, get_task

@@ -148,7 +148,8 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     """Ruoss et al.'s evaluation: random sorted IDs at test time too. On 0..L-1, which the model
     never saw in training, it fails its own training lengths."""
     from lengthgen.cli import main
-    from lengthgen.evaluation.evaluate import accuracy_at, load_run, read_rows
+    from lengthgen.evaluation.evaluate import accuracy_at, load_run
+    from lengthgen.evaluation.rows import read_rows
 
     cfg = presets.load("experiments/tra/cpu/copy_symbols.toml", [
         "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "train.position_transform=randomized",

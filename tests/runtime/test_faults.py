@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from lengthgen.cli import main
-from lengthgen.evaluation.evaluate import read_rows
+from lengthgen.evaluation.rows import read_rows
 from lengthgen.runtime.checkpoint import latest
 from lengthgen.runtime.run_folders import unstarted
 from tiny_runs import TINY, error_lines, one_line_error, train_cli

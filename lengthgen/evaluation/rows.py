@@ -1,0 +1,204 @@
+"""The rows evaluation writes and reporting reads: eval.csv's and per_step.csv's columns, typed
+reading that names a damaged file and line, atomic writing and merging, the run's labels
+(series.json), the loss at each window position, and the table `lengthgen eval` prints."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+from lengthgen.errors import UserError
+from lengthgen.methods.registry import METHODS
+from lengthgen.tasks import TASKS
+
+COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
+           "stop_step", "train_max", "baseline", "step"]
+# arm: the reproduction arm that trained the run ("" outside a grid); stop: the looped model's stop
+# rule ("" for methods without one); stop_step: mean read-out iteration under that rule; n: test
+# samples at this length; baseline: exact-match chance of a uniform random guess; step: training
+# step of the evaluated weights. Beyond these a row may carry (see `row`): the run's labels from
+# RUN/series.json (config keys, dotted, e.g. task.options.k), the task options swept in evaluation
+# (eval.sweep, by option name) and the task's and method's own metrics (Task.metric_names,
+# Method.metric_names).
+METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged over seeds; tasks add theirs
+BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source")  # per run, not what tells series apart
+PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
+                    "confidence", "oracle_step", "train_max"]
+POSITION_LOSS = "position_loss.csv"  # in a run folder of a language-model task: window,position,loss
+LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its rows carry (written by reproduce)
+
+
+def metric_names(task: str, method: str = "") -> tuple[str, ...]:
+    """Every metric column of a task's rows: the common ones, the task's own and the method's."""
+    return METRICS + (TASKS[task].metric_names if task in TASKS else ()) + \
+        (METHODS[method].metric_names if method in METHODS else ())
+
+
+def cell(value) -> str:
+    """A label or option value as a CSV cell, spelt as in TOML (true, not True)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def read_labels(folder: Path) -> dict[str, str]:
+    """RUN/series.json as CSV cells ({} outside a reproduction); a damaged file is a UserError."""
+    path = Path(folder) / LABELS
+    if not path.exists():
+        return {}
+    try:
+        labels = json.loads(path.read_text())
+        if not isinstance(labels, dict) or not all(isinstance(k, str) for k in labels):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is unreadable ({err}); run the reproduction again to rewrite it") from None
+    return {k: cell(v) for k, v in labels.items()}
+
+
+def with_labels(rows: list[dict], labels: dict[str, str]) -> list[dict]:
+    """Rows carrying exactly `labels`: the arm, and the dotted config-key columns (older ones dropped)."""
+    out = []
+    for r in rows:
+        kept = {k: v for k, v in r.items() if "." not in k}
+        out.append({**kept, "arm": labels.get("arm", ""), **{k: v for k, v in labels.items() if k != "arm"}})
+    return out
+
+
+def write_position_loss(path: Path, rows: list[dict]) -> None:
+    """RUN/position_loss.csv: window,position,loss; rows of windows not evaluated now are kept."""
+    windows = {r["window"] for r in rows}
+    old = [r for r in read_position_loss(path) if r["window"] not in windows] if path.exists() else []
+    write_csv(path, sorted(old + rows, key=lambda r: (r["window"], r["position"])), ["window", "position", "loss"])
+
+
+def read_position_loss(path: Path) -> list[dict]:
+    return read_table(path, ["window", "position", "loss"], ("window", "position"), ("loss",))
+
+
+def relabel(folder: Path) -> None:
+    """Give RUN/eval.csv and RUN/per_step.csv the labels RUN/series.json holds now (a grid that
+    gained an arm may tell its series apart by more config keys), without evaluating again."""
+    folder, labels = Path(folder), read_labels(folder)
+    for name, read, columns in (("eval.csv", read_rows, COLUMNS), ("per_step.csv", read_per_step, PER_STEP_COLUMNS)):
+        path = folder / name
+        if path.exists():
+            rows = read(path)
+            new = with_labels(rows, labels)
+            if new != rows:
+                write_csv(path, new, columns_of(new, columns))
+
+
+def columns_of(rows: list[dict], first: list[str]) -> list[str]:
+    """`first`, then every other column any row has (labels, swept options, task metrics), sorted."""
+    extra = sorted({k for r in rows for k in r} - set(first) - {"source"})
+    return list(first) + extra
+
+
+def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tuple[str, ...],
+               defaults: dict | None = None) -> list[dict]:
+    """Typed rows of a CSV this module wrote. A missing column or a value that is not a
+    number (a truncated or hand-edited file) is a UserError naming the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise UserError(f"{path} line {line} is not text (binary data?); evaluate the run again") from None
+    if text and not text.endswith("\n"):  # every line the csv writer writes ends in one
+        raise UserError(f"{path} ends in the middle of a line (truncated?); evaluate the run again")
+    if "\0" in text:
+        raise UserError(f"{path} line {text[:text.index(chr(0))].count(chr(10)) + 1} holds a NUL byte (damaged?); "
+                        "evaluate the run again")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows, header = list(reader), reader.fieldnames
+    if not header:
+        raise UserError(f"{path} is empty (no CSV header)")
+    missing = set(columns) - set(header) - set(defaults or {})
+    if missing:
+        raise UserError(f"{path} lacks the columns {sorted(missing)}")
+    for line, r in enumerate(rows, start=2):
+        for key, value in (defaults or {}).items():  # files written before a column existed
+            r.setdefault(key, value)
+        for key, kind in [(k, int) for k in ints] + [(k, float) for k in floats]:
+            try:
+                r[key] = kind(r[key])
+            except (TypeError, ValueError):
+                raise UserError(f"{path} line {line}: {key} is {r[key]!r}, not a number "
+                                "(truncated or edited? evaluate the run again)") from None
+    return rows
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of an eval.csv, typed (the task's and method's own metric columns as floats too;
+    labels and swept options stay text)."""
+    rows = read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
+                      ("accuracy", "token_accuracy", "baseline", "stop_step"),
+                      {"stop": "", "stop_step": "nan", "arm": ""})
+    for line, r in enumerate(rows, start=2):
+        for name in metric_names(r["task"], r["method"])[len(METRICS):]:
+            try:
+                r[name] = float(r.get(name, "nan") or "nan")
+            except ValueError:
+                raise UserError(f"{path} line {line}: {name} is {r[name]!r}, not a number "
+                                "(truncated or edited? evaluate the run again)") from None
+    return rows
+
+
+def read_per_step(path: Path) -> list[dict]:
+    """The rows of a per_step.csv, typed."""
+    return read_table(path, PER_STEP_COLUMNS, ("seed", "length", "n", "iteration", "train_max"),
+                      ("accuracy", "confidence", "oracle_step"), {"arm": ""})
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """Atomically; a column a row lacks (a file written before it existed) is left empty."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves the old file as it was, and no partial one
+        raise
+
+
+def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None, swept: list[str] = ()) -> None:
+    """Merge into an existing eval.csv (its rows `old`, read from `path` when None): new rows
+    replace old ones of the same (length, stop, swept option values), and old rows of another
+    checkpoint step are dropped, so that the file describes one set of weights."""
+    path = Path(path)
+    if old is None:
+        old = read_rows(path) if path.exists() else []
+    step = rows[0]["step"]
+    stale = [r for r in old if r["step"] != step]
+    if stale:
+        steps = ", ".join(map(str, sorted({r["step"] for r in stale})))
+        print(f"note: dropped {len(stale)} row(s) of {path} evaluated at step {steps}; "
+              f"these weights are step {step}", file=sys.stderr)
+    key = lambda r: (r["stop"], *(str(r.get(k, "")) for k in swept), r["length"])  # noqa: E731
+    new_keys = {key(r) for r in rows}
+    kept = [r for r in old if r["step"] == step and key(r) not in new_keys]
+    merged = sorted(kept + rows, key=key)
+    write_csv(path, merged, columns_of(merged, COLUMNS))
+
+
+def format_table(rows: list[dict]) -> str:
+    """Plain-text table of one run's rows (one stop rule and swept option values), lengths
+    beyond training marked; the task's own metrics as further columns."""
+    stop = rows[0]["stop"]
+    own = metric_names(rows[0]["task"])[len(METRICS):]
+    lines = [f"{'length':>7}  {'accuracy':>8}  {'token_acc':>9}" + "".join(f"  {m:>10}" for m in own)
+             + f"  {'random':>8}" + ("  stop_step" if stop else "")]
+    for r in rows:
+        mark = " *" if r["length"] > r["train_max"] else ""
+        at = f"  {r['stop_step']:>9.2f}" if stop else ""
+        mine = "".join(f"  {r[m]:>10.4f}" for m in own)
+        lines.append(f"{r['length']:>7}  {r['accuracy']:>8.4f}  {r['token_accuracy']:>9.4f}{mine}  "
+                     f"{r['baseline']:>8.2g}{at}{mark}")
+    if stop:
+        lines.append(f"stop rule: {stop}")
+    if any(r["length"] > r["train_max"] for r in rows):
+        lines.append(f"* beyond training (length > train_max = {rows[0]['train_max']})")
+    return "\n".join(lines)
