@@ -27,7 +27,7 @@ from lengthgen.config import presets
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import task_of
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.training.trainer import decay_params
+from lengthgen.training.run_state import decay_params
 
 ROOT = Path(__file__).resolve().parent.parent / "experiments"
 CASES = {  # name: (preset, overrides)

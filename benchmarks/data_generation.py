@@ -18,7 +18,8 @@ import torch
 from lengthgen.config import presets
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import TASKS, get_task
-from lengthgen.training.trainer import decay_params, sample_batch
+from lengthgen.training.run_state import decay_params
+from lengthgen.training.trainer import sample_batch
 
 
 def best_time(fn, repeats: int) -> float:

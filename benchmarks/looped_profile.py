@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from looped_speed import PAPER, build, matmul_peak, train_step
 from lengthgen.runtime.devices import native_bf16
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.training.trainer import decay_params
+from lengthgen.training.run_state import decay_params
 
 
 def main() -> None:

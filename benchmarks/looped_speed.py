@@ -43,7 +43,7 @@ from lengthgen.methods.registry import get_method
 from lengthgen.runtime.devices import autocast, native_bf16
 from lengthgen.tasks import get_task
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.training.trainer import decay_params
+from lengthgen.training.run_state import decay_params
 
 PAPER = {"parity": (1, 64), "addition": (3, 8)}  # released block depth, heads
 

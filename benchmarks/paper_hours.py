@@ -42,7 +42,8 @@ from lengthgen.model.position_transforms import build_transform
 from lengthgen.reproduce import grid as grids
 from lengthgen.tasks import get_task
 from lengthgen.training.distributed import MethodLoss
-from lengthgen.training.trainer import backward, decay_params, draw_batches
+from lengthgen.training.run_state import decay_params
+from lengthgen.training.trainer import backward, draw_batches
 
 
 class OpCounter(TorchDispatchMode):

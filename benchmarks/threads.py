@@ -28,7 +28,7 @@ import torch
 from lengthgen.config import presets
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import task_of
-from lengthgen.training.trainer import decay_params
+from lengthgen.training.run_state import decay_params
 
 preset, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)

@@ -70,7 +70,7 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_override
     from lengthgen.evaluation.evaluate import evaluate_run, load_run
-    from lengthgen.evaluation.rows import COLUMNS, format_table, metric_names
+    from lengthgen.results.rows import COLUMNS, format_table, metric_names
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
@@ -96,7 +96,7 @@ def cmd_eval(args) -> None:
                         args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep,
                         out=Path(args.out) if args.out else None, position_draws=args.position_draws,
                         compile=True if args.compile else None)
-    swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0]["task"], rows[0]["method"])]
+    swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
     for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
         if swept:

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lengthgen.evaluation.dependence import (DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, measure, read_dependence,
-                                             read_token_losses, write_cost, write_dependence)
-from lengthgen.evaluation.rows import read_labels, read_rows, with_labels, write_rows
+from lengthgen.evaluation.dependence import measure
+from lengthgen.results.token_files import (DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, read_dependence, read_token_losses,
+                                           write_cost, write_dependence)
+from lengthgen.results.rows import read_labels, read_rows, with_labels, write_rows
 from run_args import open_run
 
 

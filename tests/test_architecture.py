@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lengthgen"
 # bottom to top; a module belongs to the first prefix it starts with
 LAYERS = [
     ["lengthgen.errors"],
-    ["lengthgen.config.schema"],  # plain data: the keys, their types and defaults
+    ["lengthgen.config.schema", "lengthgen.config.schedules"],  # plain data: the keys, their types and defaults; schedules of the step
+    ["lengthgen.results"],  # plain files: evaluation rows, the training log, per-token files
     ["lengthgen.tasks"],
     ["lengthgen.model"],
     ["lengthgen.methods"],
@@ -31,7 +32,12 @@ LAYERS = [
     ["lengthgen.reproduce"],
     ["lengthgen.cli", "lengthgen.__main__"],
 ]
-NO_NAMES = ["reproduce/grid.py", "reproduce/runner.py", "evaluation/evaluate.py", "reporting/series.py",
+# what a report may load: no model code (no torch), so reading results stays fast and light
+REPORTING_READS = ("lengthgen.errors", "lengthgen.config.schema", "lengthgen.results", "lengthgen.runtime.run_folders",
+                   "lengthgen.reporting")
+# the two drawings made from a checkpoint or a corpus, which load what they need when drawn
+DRAWN_FROM_A_RUN = {("figures.py", "plot_attention"), ("gain.py", "example_tokens")}
+NO_NAMES = ["results/rows.py", "reproduce/grid.py", "reproduce/runner.py", "evaluation/evaluate.py", "reporting/series.py",
             "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/presets.py", "cli.py"]
 
 
@@ -40,11 +46,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Every lengthgen module `path` imports, at the top or inside a function."""
+def imports(path: Path, top_only: bool = False) -> set[str]:
+    """Every lengthgen module `path` imports, at the top or inside a function (or at the top only)."""
     package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)} if top_only else set()
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = package[:len(package) - node.level + 1] if node.level else []
             target = ".".join(base + (node.module.split(".") if node.module else []))
@@ -112,6 +123,46 @@ def names_in(source: str, variants: bool = False) -> set[str]:
                                             | (set(SCHEMES) | set(TRANSFORMS) if variants else set()))
 
 
+def top_level_imports(path: Path) -> set[str]:
+    """The lengthgen modules `path` imports when it is imported (not inside a function)."""
+    return imports(path, top_only=True)
+
+
+def lazy_imports(source: str) -> dict[str, set[str]]:
+    """{function: the lengthgen modules it imports when called}."""
+    found = {}
+    for f in ast.walk(ast.parse(source)):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {n.module for n in ast.walk(f) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("lengthgen")}
+            if names:
+                found[f.name] = names
+    return found
+
+
+def loads_model_code_when_called(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """(file, function) of the reporting functions that import beyond the results when called."""
+    return {(name, f) for name, source in sources.items() for f, targets in lazy_imports(source).items()
+            if any(not t.startswith(REPORTING_READS) for t in targets)}
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module importing `start` loads, itself included."""
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += graph.get(module, ())
+    return seen
+
+
+def reporting_loads_beyond_results(graph: dict[str, set[str]]) -> list[str]:
+    found = set()
+    for module in (m for m in graph if m.startswith("lengthgen.reporting")):
+        found |= {m for m in reached(graph, module) if m != "lengthgen" and not m.startswith(REPORTING_READS)}
+    return sorted(found)
+
+
 def test_every_module_is_in_a_layer():
     graph = the_graph()
     assert "lengthgen.config.presets" in graph["lengthgen.runtime.checkpoint"]  # the parser sees the imports
@@ -121,6 +172,31 @@ def test_every_module_is_in_a_layer():
 
 def test_no_module_imports_a_layer_above_it():
     assert layer_violations(the_graph()) == []
+
+
+def top_level_graph() -> dict[str, set[str]]:
+    return {module_name(p): top_level_imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def reporting_sources() -> dict[str, str]:
+    return {p.name: p.read_text() for p in (PACKAGE / "reporting").glob("*.py")}
+
+
+def test_reporting_loads_no_model_code():
+    """A report reads result files: importing reporting loads neither the model stack nor the task
+    registry; only the two drawings made from a run's checkpoint or corpus load them, when drawn."""
+    assert reporting_loads_beyond_results(top_level_graph()) == []
+    assert the_graph()["lengthgen.results.rows"] <= {"lengthgen.errors"}
+    assert loads_model_code_when_called(reporting_sources()) == DRAWN_FROM_A_RUN
+
+
+def test_a_planted_model_import_in_reporting_fails():
+    graph = top_level_graph()
+    graph["lengthgen.reporting.series"] = graph["lengthgen.reporting.series"] | {"lengthgen.tasks"}
+    assert "lengthgen.tasks" in reporting_loads_beyond_results(graph)
+    sources = reporting_sources()
+    sources["series.py"] += "\n\ndef task_names():\n    from lengthgen.tasks import TASKS\n    return list(TASKS)\n"
+    assert loads_model_code_when_called(sources) - DRAWN_FROM_A_RUN == {("series.py", "task_names")}
 
 
 def test_the_import_graph_has_no_cycle():

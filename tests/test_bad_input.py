@@ -18,7 +18,8 @@ from lengthgen.config import presets
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluation.evaluate import load_run
 from lengthgen.runtime.devices import pick_device
-from lengthgen.training.trainer import decay_params, train
+from lengthgen.training.run_state import decay_params
+from lengthgen.training.trainer import train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.device=cpu", "train.steps=2", "train.threads=1", "train.log_interval=1"]

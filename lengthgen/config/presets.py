@@ -15,7 +15,8 @@ from pathlib import Path
 
 from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, LENGTH_SAMPLING,
                                      LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS,
-                                     PRECISIONS, SCHEDULES, Config, Dependence, _hint, from_data, parse_lengths, read)
+                                     PRECISIONS, Config, Dependence, _hint, from_data, parse_lengths, read)
+from lengthgen.config.schedules import SCHEDULES
 from lengthgen.errors import ConfigError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, get_method
@@ -125,15 +126,12 @@ def validate(cfg: Config) -> Config:
     check(tr.grad_clip >= 0, f"train.grad_clip must be >= 0, got {tr.grad_clip}")
     check(tr.schedule in SCHEDULES, f"train.schedule {tr.schedule!r} is unknown{_hint(tr.schedule, SCHEDULES)}; choose from {', '.join(SCHEDULES)}")
     check(tr.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {tr.warmup_steps}")
-    check(tr.schedule != "constant" or tr.warmup_steps == 0,
-          f"train.warmup_steps ({tr.warmup_steps}) has no effect with train.schedule constant; "
-          "use cosine or curriculum_cosine, or set train.warmup_steps=0")
     check(0 <= tr.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {tr.min_lr_ratio}")
     check(tr.curriculum_start == 0 or t.train_min <= tr.curriculum_start <= t.train_max,
           f"train.curriculum_start ({tr.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
     check(tr.cosine_start >= 0, f"train.cosine_start must be >= 0, got {tr.cosine_start}")
-    check(tr.cosine_start == 0 or tr.schedule == "curriculum_cosine",
-          f"train.cosine_start applies to schedule curriculum_cosine, not {tr.schedule!r}")
+    for problem in SCHEDULES[tr.schedule].problems(tr):  # the settings the schedule reads
+        check(False, problem)
     check_finite_set(cfg)
     check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")

@@ -155,7 +155,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-SCHEDULES = ("cosine", "curriculum_cosine", "linear", "constant")
 LENGTH_SAMPLING = ("per_sample", "per_batch")
 PRECISIONS = ("fp32", "bf16")
 CONFIDENCE_PRECISIONS = ("float64", "float32")  # eval.confidence_precision (lengthgen.methods.looped.stop_passes)

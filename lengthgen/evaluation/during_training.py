@@ -20,9 +20,9 @@ from lengthgen.methods.looped.stop_passes import confidence_precision
 from lengthgen.methods.registry import Method
 from lengthgen.model.position_transforms import build_transform
 from lengthgen.runtime.devices import autocast
+from lengthgen.results.metrics_log import PREFIX
 from lengthgen.tasks import Task, task_of
 
-PREFIX = "test@"  # metrics.jsonl keys: test@max (the current curriculum maximum), test@24, test@24/confidence:+20
 
 
 def test_stops(cfg: Config, method: Method) -> list[str | None]:
@@ -61,3 +61,17 @@ def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, 
             out.update({key(name, stop): results[stop]["accuracy"] for stop in stops})
     model.train(training)
     return out
+
+
+class TestsDuringTraining:
+    """The trainer's hook (lengthgen.training.trainer.Trainer): due every test_interval steps
+    from test_offset, and after the last step."""
+
+    def __init__(self, cfg: Config, task: Task, method: Method, device: torch.device):
+        self.cfg, self.task, self.method, self.device = cfg, task, method, device
+
+    def due(self, step: int, last: bool) -> bool:
+        return due(self.cfg, step) or last
+
+    def __call__(self, weights, current_max: int) -> dict:
+        return run_tests(self.cfg, self.task, self.method, weights, current_max, self.device)

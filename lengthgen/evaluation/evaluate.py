@@ -23,19 +23,18 @@ from tqdm.auto import tqdm
 from lengthgen.config.presets import from_dict
 from lengthgen.config.schema import Config
 from lengthgen.errors import ResourceError, UserError
-from lengthgen.evaluation.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of,
-                                       metric_names, read_labels, read_rows, with_labels, write_csv,
-                                       write_position_loss, write_rows)
+from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
+                                    read_rows, with_labels, write_csv, write_position_loss, write_rows)
 from lengthgen.methods.looped.stop_passes import confidence_precision, trace
 from lengthgen.methods.looped.stop_rules import default_t_max, parse_rule, readout
-from lengthgen.methods.registry import METHODS, Method, get_method
+from lengthgen.methods.registry import Method, get_method
 from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import PositionTransform, build_transform
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
 from lengthgen.runtime.resources import is_out_of_memory, oom_detail
 from lengthgen.runtime.run_folders import check_eval_out, check_writable
-from lengthgen.tasks import TASKS, Batch, Task, measure, task_of
+from lengthgen.tasks import Batch, Task, measure, task_of
 
 def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
     """(cfg, task, method, model, step) from a run folder's latest checkpoint."""
@@ -242,7 +241,8 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         from lengthgen.config.presets import check_sweep
         check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
     sweep = cfg.eval.sweep if sweep is None else sweep
-    clash = set(sweep) & (set(COLUMNS) | set(metric_names(cfg.task.name, cfg.method)) | set(labels))
+    own = task.metric_names + method.metric_names  # the row's own metric columns, named in its `metrics` cell
+    clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(own) | {"metrics"} | set(labels))
     if clash:
         raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
     variants = sweep_variants(sweep)
@@ -283,7 +283,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
                  **{k: cell(v) for k, v in options.items()}}
         steps_rows += [{**ident, **r} for r in curve]
         rows += [row(folder, cfg, length, results[stop].pop("tokens", samples), results[stop],
-                     variant.random_baseline(length), step, stop, options) for stop in stops]
+                     variant.random_baseline(length), step, stop, options, own) for stop in stops]
     rows = with_labels(rows, labels)
     if out != folder and not (out / "config.toml").exists():
         shutil.copyfile(folder / "config.toml", out / "config.toml")
@@ -302,11 +302,11 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
 
 
 def row(folder: Path, cfg: Config, length: int, samples: int, values: dict, baseline: float, step: int,
-        stop: str | None = None, options: dict | None = None) -> dict:
+        stop: str | None = None, options: dict | None = None, own: tuple[str, ...] = ()) -> dict:
     """One eval.csv row: the run, one length (and swept task options), one stop rule, `values`
-    {metric: mean} (the metrics of `rules_at`)."""
+    {metric: mean} (the metrics of `rules_at`), the names of the task's and method's own among them."""
     return {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "arm": "", "position": cfg.model.position,
             "stop": stop or "", "seed": cfg.train.model_seed, "length": length, "n": samples, "stop_step": math.nan,
             **values, "train_max": cfg.task.train_max, "baseline": baseline, "step": step,
-            **{k: cell(v) for k, v in (options or {}).items()}}
+            "metrics": " ".join(own), **{k: cell(v) for k, v in (options or {}).items()}}
 

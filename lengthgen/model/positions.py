@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model.attention import AttentionDropout, AttentionRecorder, cope_attention, tra_attention
+from lengthgen.model.attention import AttentionDropout, AttentionRecorder
+from lengthgen.model.content_attention import cope_attention, tra_attention
 
 
 def default_position_ids(seq_len: int, device=None) -> Tensor:
@@ -295,7 +296,7 @@ class T5Bias(PositionalScheme):
 
 class CoPE(PositionalScheme):
     """Contextual position encoding (Golovneva et al., 2024): positions count the keys a
-    query's gates let through (`attention.cope_attention`). Per layer, learned position
+    query's gates let through (`content_attention.cope_attention`). Per layer, learned position
     vectors E (head_dim, npos_max), zero-initialised, shared by the heads.
     `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once)."""
 
@@ -344,7 +345,7 @@ class FoX(PositionalScheme):
 class TRA(PositionalScheme):
     """Threshold Relative Attention (Opper et al., TMLR 2025), instead of any positional
     encoding: keys scoring <= 0 are dropped, and distance counts only the kept keys,
-    weighted by a per-head forget gate of the query (`attention.tra_attention`). Per layer,
+    weighted by a per-head forget gate of the query (`content_attention.tra_attention`). Per layer,
     the gate is Linear(d_model, n_head) with a bias, torch's default init.
     `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once).
     Inside `recording(model)` it hands each layer's attention weights to the recorder."""

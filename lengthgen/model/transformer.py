@@ -24,7 +24,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig

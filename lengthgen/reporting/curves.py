@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import ScalarFormatter
 
-from lengthgen.evaluation.during_training import PREFIX as TEST_PREFIX
-from lengthgen.evaluation.rows import POSITION_LOSS, read_position_loss
+from lengthgen.results.rows import POSITION_LOSS, read_position_loss
 from lengthgen.reporting.figures import _pyplot
 from lengthgen.reporting.series import key_columns, series_colors, series_labels
-from lengthgen.runtime.run_folders import read_metrics
+from lengthgen.results.metrics_log import METRICS_LOG, PREFIX as TEST_PREFIX, read_metrics
 
 
 def runs_by_series(rows: list[dict], agg: list[dict]) -> dict[tuple, dict]:
@@ -46,7 +45,7 @@ def band(ax, x, curves: list[np.ndarray], color, label: str, style: str = "-") -
 
 def metrics_of(folder: Path) -> list[dict]:
     """The rows of RUN/metrics.jsonl ([] without one); damaged lines are skipped with a note."""
-    return read_metrics(Path(folder) / "metrics.jsonl", skip_damaged=True)
+    return read_metrics(Path(folder) / METRICS_LOG, skip_damaged=True)
 
 
 def read_losses(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:

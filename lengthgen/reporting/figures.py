@@ -184,15 +184,15 @@ def plot_vs_option(agg: list[dict], path: Path, x: str, length: int | None = Non
 
 def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: int = 6) -> None:
     """Accuracy vs iteration, one line per test length (mean over seeds), one panel per
-    series (every key column but the stop rule); markers show the step each stop rule
+    series (every key column but the stop rule); a marker per stop rule shows the step it
     picked (mean over seeds)."""
-    from lengthgen.methods.looped.stop_rules import RULES
-
     plt = _pyplot()
     keys = [k for k in key_columns(steps, STEP_VALUES) if k != "stop"]
     key_columns(evals)  # the same columns, "" where missing
     panel_of = lambda r: tuple(r.get(k, "") for k in keys)  # noqa: E731
     panels = sorted({panel_of(r) for r in steps})
+    # a marker per stop rule the rows name (its options aside), in a fixed order
+    rules = dict(zip(sorted({e["stop"].split(":")[0] for e in evals if e.get("stop")}), "osx^vDP*"))
     names = series_labels([{"series": tuple(zip(keys[1:], p[1:])) + (("stop", ""),)} for p in panels])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
@@ -209,16 +209,15 @@ def plot_per_step(steps: list[dict], evals: list[dict], path: Path, max_lines: i
             ts = sorted(t for t in by_t if len(by_t[t]) == seeds)
             acc = {t: sum(by_t[t]) / seeds for t in ts}
             ax.plot(ts, [acc[t] for t in ts], color=color, lw=1.2, label=f"n = {n}")
-            for rule in RULES.values():
+            for rule, marker in rules.items():
                 chosen = [e["stop_step"] for e in evals if panel_of(e) == panel and e["length"] == n
-                          and e["stop"].split(":")[0] == rule.name]
+                          and e["stop"].split(":")[0] == rule]
                 if chosen:
                     t = sum(chosen) / len(chosen)
                     y = acc.get(round(t), float("nan"))
-                    ax.plot([t], [y], marker=rule.marker, color=color, ms=8, mfc=color if rule.marker == "x" else "none")
-        for rule in RULES.values():
-            ax.plot([], [], marker=rule.marker, color="k", ls="none", mfc="k" if rule.marker == "x" else "none",
-                    label=rule.label)
+                    ax.plot([t], [y], marker=marker, color=color, ms=8, mfc="none")
+        for rule, marker in rules.items():
+            ax.plot([], [], marker=marker, color="k", ls="none", mfc="none", label=f"{rule} (mean step)")
         series = tuple(zip(keys[1:], panel[1:])) + (("stop", ""),)
         ax.set(title=f"{panel[0]}: {names[series]} ({seeds} seed{'s' * (seeds > 1)})", xlabel="iteration t",
                ylabel="exact-match accuracy", ylim=(-0.03, 1.03))
@@ -233,38 +232,23 @@ def plot_attention(folder: Path, path: Path, options: dict | None = None, length
     at `length`, default its training maximum, with task `options` changed, e.g. a split):
     a panel per layer and head, a row per scored position (e.g. each read), a column per key;
     where the task says which input holds each answer (Task.source_positions), a red dot
-    marks it. Returns a caption. Every scheme records its weights (`lengthgen.model.attention.recording`)."""
-    import torch
+    marks it. Returns a caption. The one figure drawn from a checkpoint: it loads the model
+    (lengthgen.evaluation.attention_map) when drawn, not when reporting is imported."""
+    from lengthgen.evaluation.attention_map import attention_map
 
-    from lengthgen.evaluation.evaluate import eval_generator, load_run
-    from lengthgen.model.attention import recording
-    from lengthgen.tasks import task_of
-
-    cfg, task, _, model, _ = load_run(folder, torch.device("cpu"))
-    task = task_of(cfg.task, **(options or {}))
-    n = length or cfg.task.train_max
-    batch = task.sample(1, n, eval_generator(cfg.eval.seed, n))
-    width = int(batch.widths[0])
-    with torch.no_grad(), recording(model) as recorder:
-        pred = model(batch.inputs[:, :width], None if batch.position_ids is None else batch.position_ids[:, :width])
-    weights = {layer: torch.cat(chunks, 2)[0] for layer, chunks in recorder.weights.items()}  # (H, T, T)
-    scored = batch.scored[0, :width].nonzero().flatten()
-    right = int(((pred.argmax(-1)[0, scored] == batch.targets[0, scored])).sum())
-    sources = task.source_positions(batch)
+    seen = attention_map(folder, options, length)
+    weights, sources, width, sequence = seen["weights"], seen["sources"], seen["width"], seen["sequence"]
     plt = _pyplot()
-    layers, heads = len(weights), next(iter(weights.values())).shape[0]
-    fig, axes = plt.subplots(layers, heads, figsize=(3.4 * heads, 0.6 + 0.07 * len(scored) * layers + 0.5 * layers),
+    layers, heads, scored = weights.shape[0], weights.shape[1], weights.shape[2]
+    fig, axes = plt.subplots(layers, heads, figsize=(3.4 * heads, 0.6 + 0.07 * scored * layers + 0.5 * layers),
                              squeeze=False)
-    text = task.decode(batch.inputs[0, :width])
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer][head]
-            ax.imshow(weights[layer][head][scored].numpy(), aspect="auto", cmap="Greys", vmin=0, vmax=1,
-                      interpolation="nearest")
+            ax.imshow(weights[layer, head], aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
             if sources is not None:
-                src = sources[0, scored]
-                ok = src >= 0
-                ax.plot(src[ok].numpy(), torch.arange(len(scored))[ok].numpy(), "r.", ms=2.5)
+                ok = sources >= 0
+                ax.plot(sources[ok], [i for i in range(scored) if ok[i]], "r.", ms=2.5)
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -274,7 +258,7 @@ def plot_attention(folder: Path, path: Path, options: dict | None = None, length
     fig.savefig(path, dpi=130)
     plt.close(fig)
     marked = " Red dots: the input that holds each answer." if sources is not None else ""
-    return (f"Run {Path(folder).name}, one test sequence of {task.name} at length {n}"
+    return (f"Run {Path(folder).name}, one test sequence of {seen['task']} at length {seen['length']}"
             + (f" ({', '.join(f'{k} = {v}' for k, v in options.items())})" if options else "")
-            + f": {right} of {len(scored)} scored positions right. Darker = more weight.{marked} "
-            f"Sequence: `{text[:120]}{'…' if len(text) > 120 else ''}`")
+            + f": {seen['right']} of {scored} scored positions right. Darker = more weight.{marked} "
+            f"Sequence: `{sequence[:120]}{'…' if len(sequence) > 120 else ''}`")

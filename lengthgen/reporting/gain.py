@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from lengthgen.errors import UserError
-from lengthgen.evaluation.dependence import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, read_dependence, read_token_losses
+from lengthgen.results.token_files import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, read_dependence, read_token_losses
 from lengthgen.reporting.figures import _pyplot
 
 DEFAULT_BUCKETS = [1, 2, 4, 8]  # upper edges: k = 1, 2, 3-4, 5-8, > 8

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.errors import UserError
-from lengthgen.evaluation.rows import COLUMNS, METRICS, columns_of, metric_names, write_csv
+from lengthgen.results.rows import COLUMNS, columns_of, write_csv
 from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section
 from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
                                         task_view)
 from lengthgen.runtime.run_folders import REPORT_MARK, check_overwritable
-from lengthgen.tasks import TASKS
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
 
@@ -73,10 +72,10 @@ def markdown(agg: list[dict]) -> str:
         trained = f"{train_max}" if len(set(v["own_max"].values())) == 1 else \
             ", ".join(f"{v['own_max'][k]} ({label})" for k, label in zip(series, names))
         lines = [f"### {task}", ""]
-        own = dict.fromkeys(m for a in rows for m in metric_names(task, a["method"])[len(METRICS):])
+        own = dict.fromkeys(m for a in rows for m in a["metrics"].split())
         for metric in ("accuracy", *own):
             what = f"`{metric}`" if metric != "accuracy" else "Next-token accuracy" \
-                if getattr(TASKS.get(task), "evaluation", "") == "perplexity" else "Exact-match accuracy"
+                if "perplexity" in own else "Exact-match accuracy"  # a task evaluated over windows
             lines += [f"{what}, mean ± standard error over seeds (number of seeds in brackets); "
                       f"trained on lengths ≤ {trained}" + ("; `random` is the chance of a uniform random guess."
                                                           if metric == "accuracy" else "."), "",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, read, to_dict
 from lengthgen.errors import ConfigError, UserError
-from lengthgen.evaluation.rows import BOOKKEEPING, cell, read_per_step, read_rows, metric_names
+from lengthgen.results.rows import BOOKKEEPING, METRICS, cell, metric_names, own_metrics, read_per_step, read_rows
 
 KEYS = ("task", "arm", "method", "position", "stop")  # columns every row has that tell series apart
 STEP_VALUES = ("iteration", "accuracy", "confidence", "oracle_step")  # per_step.csv's measured columns
@@ -91,7 +91,7 @@ def label_config_differences(rows: list[dict]) -> None:
 def key_columns(rows: list[dict], measured: tuple[str, ...] = ()) -> list[str]:
     """KEYS, then every other column that is neither measured (a metric), bookkeeping nor the
     length: the labels and swept options that tell series apart. Rows lacking one get ""."""
-    metrics = {m for r in rows for m in metric_names(r["task"], r.get("method", ""))} | set(measured)
+    metrics = {m for r in rows for m in metric_names(r)} | set(measured)
     extra = sorted({k for r in rows for k in r} - set(KEYS) - set(BOOKKEEPING) - metrics - {"length"},
                    key=lambda k: ("." not in k, k))  # the run's config labels first, then swept options
     keys = list(KEYS) + extra
@@ -154,8 +154,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
                             f"(from {', '.join(twice)}): runs of one config need different seeds; pass each run once")
         a = {**key, "series": tuple((k, v) for k, v in key.items() if k != "task"), "length": length,
              "seeds": len(rs), "train_max": rs[0]["train_max"], "baseline": rs[0]["baseline"],
-             "samples": sum(r["n"] for r in rs)}
-        for metric in metric_names(key["task"], key["method"]):
+             "samples": sum(r["n"] for r in rs), "metrics": " ".join(dict.fromkeys(m for r in rs for m in own_metrics(r)))}
+        for metric in METRICS + tuple(a["metrics"].split()):
             mean, err = mean_stderr([r.get(metric, math.nan) for r in rs])
             a[metric], a["stderr" if metric == "accuracy" else f"{metric}_stderr"] = mean, err
         out.append(a)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from lengthgen.config.presets import load
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, from_data, parse_lengths, parse_override, to_dict
 from lengthgen.errors import UserError
-from lengthgen.evaluation.rows import LABELS
+from lengthgen.results.rows import LABELS
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.grid import Job
 from lengthgen.runtime.run_folders import OutLock, check_overwritable, unstarted
@@ -78,7 +78,7 @@ def eval_settings(job: Job, cfg) -> dict:
 
 def evaluation_current(folder: Path, settings: dict) -> bool:
     """eval.done records these settings, and eval.csv (and per_step.csv) are there and readable."""
-    from lengthgen.evaluation.rows import read_per_step, read_rows
+    from lengthgen.results.rows import read_per_step, read_rows
 
     try:
         if json.loads((folder / "eval.done").read_text()) != settings:
@@ -95,7 +95,7 @@ def evaluation_current(folder: Path, settings: dict) -> bool:
 def set_aside_if_unreadable(path: Path) -> None:
     """Move an unreadable eval.csv aside (kept, never deleted): evaluating the run again would
     otherwise refuse to merge into it."""
-    from lengthgen.evaluation.rows import read_rows
+    from lengthgen.results.rows import read_rows
 
     try:
         if path.exists():
@@ -112,7 +112,7 @@ def run_job(job: Job) -> dict:
 
     from lengthgen.evaluation.evaluate import evaluate_run
 
-    from lengthgen.evaluation.rows import relabel
+    from lengthgen.results.rows import relabel
     from lengthgen.runtime import checkpoint
     from lengthgen.training.trainer import is_finished, train
 

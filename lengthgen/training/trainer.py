@@ -1,21 +1,19 @@
-"""Trainer: online data, curriculum, schedule, EMA, checkpoints, resume.
+"""Training a run: the Trainer's stages around a RunState, the run folder, resume.
 
-One training step: draw a fresh batch from the task (online i.i.d. samples,
-lengths up to the current curriculum maximum; or the step's batch of a fixed
-finite set, train.dataset_size, lengthgen.training.finite_set) -> position-ID transform
-(train.position_transform, lengthgen.model.position_transforms) -> method loss -> backward ->
-clip -> AdamW step -> EMA update. Metrics go to metrics.jsonl every
-`log_interval` steps, with exact match at test lengths every `test_interval`
-steps (lengthgen.evaluation.during_training); checkpoints every `checkpoint_interval` steps
-and at the end. Three seeds are kept apart: model initialisation, training data and
-evaluation (the last one lives in the evaluator).
+One training step: draw a fresh batch from the task (online i.i.d. samples, lengths up to the
+current curriculum maximum; or the step's batch of a fixed finite set, train.dataset_size,
+lengthgen.training.finite_set) -> position-ID transform (train.position_transform,
+lengthgen.model.position_transforms) -> method loss -> backward -> clip -> AdamW step -> EMA
+update (lengthgen.training.run_state). Metrics go to metrics.jsonl every `log_interval` steps,
+with the values of the hooks due (exact match at test lengths every `test_interval` steps,
+lengthgen.evaluation.during_training); checkpoints every `checkpoint_interval` steps and at the
+end. Three seeds are kept apart: model initialisation, training data and evaluation (the last
+one lives in the evaluator). The curriculum and learning rate are lengthgen.config.schedules.
 """
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
-import math
 import shutil
 import sys
 import time
@@ -24,58 +22,25 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.runtime import checkpoint
-
 from lengthgen.config.presets import from_dict, load, longest_sequence
+from lengthgen.config.schedules import curriculum_max, learning_rate
 from lengthgen.config.schema import Config, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError
-from lengthgen.evaluation.during_training import PREFIX, due, run_tests
+from lengthgen.evaluation.during_training import TestsDuringTraining
 from lengthgen.methods.registry import get_method
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import build_transform
+from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
+from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, check_precision, pick_device
 from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
-from lengthgen.runtime.run_folders import check_deletable, read_metrics, unstarted
+from lengthgen.runtime.run_folders import check_deletable, unstarted
 from lengthgen.tasks import Batch, Task, task_of
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training import trackers
 from lengthgen.training.distributed import Ranks, no_sync, shard_seed
 from lengthgen.training.finite_set import FiniteSet, training_set
-
-
-def curriculum_max(cfg: Config, step: int) -> int:
-    """Largest training length at `step`: start, +1 every interval, capped."""
-    start = cfg.train.curriculum_start
-    if start == 0:
-        return cfg.task.train_max
-    return min(cfg.task.train_max, start + step // cfg.train.curriculum_interval)
-
-
-def curriculum_end(cfg: Config) -> int:
-    """First step at which the curriculum has reached train_max."""
-    start = cfg.train.curriculum_start
-    return 0 if start == 0 else (cfg.task.train_max - start) * cfg.train.curriculum_interval
-
-
-def learning_rate(cfg: Config, step: int) -> float:
-    """Cosine, curriculum_cosine and linear warm up linearly first; constant has no warm-up
-    (config refuses one). linear then decays in a straight line to lr * min_lr_ratio at the
-    last step (Golowich et al.'s schedule)."""
-    tr = cfg.train
-    if tr.schedule == "constant":
-        return tr.lr
-    if step < tr.warmup_steps:
-        return tr.lr * (step + 1) / tr.warmup_steps
-    # cosine: decay from the end of warm-up; curriculum_cosine: hold until the curriculum ends
-    begin = tr.warmup_steps if tr.schedule != "curriculum_cosine" else max(tr.warmup_steps, tr.cosine_start
-                                                                          or curriculum_end(cfg))
-    if step < begin:
-        return tr.lr
-    progress = min(1.0, (step - begin) / max(1, tr.steps - begin))
-    floor = tr.lr * tr.min_lr_ratio
-    if tr.schedule == "linear":
-        return tr.lr - (tr.lr - floor) * progress
-    return floor + (tr.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+from lengthgen.training.run_state import RunState
 
 
 def sample_batch(task: Task, batch_size: int, low: int, high: int, generator: torch.Generator,
@@ -169,13 +134,130 @@ def resumed_config(folder: Path) -> tuple[Config, bool]:
     return load(folder / "config.toml"), False
 
 
-def decay_params(model: torch.nn.Module, decay_all: bool = False) -> list[dict]:
-    """Weight decay on matrices only (not on biases, norms), or on every parameter."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if decay_all:
-        return [{"params": params}]
-    return [{"params": [p for p in params if p.dim() >= 2]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+class Trainer:
+    """One run's training as named stages around its RunState. A step: the batch (`draw`) ->
+    forward and backward (`learn`) -> clip -> optimizer -> EMA. Every log_interval steps
+    (`log`): a metrics.jsonl row, the hooks' values in it, and every checkpoint_interval steps a
+    checkpoint. A hook (tests during training) has `due(step, last)` and `__call__(weights,
+    current_max) -> {key: value}`; the seconds it takes are not counted as training time."""
+
+    def __init__(self, cfg: Config, folder: Path, task: Task, method, state: RunState, ranks: Ranks,
+                 device: torch.device, hooks: list = ()):
+        self.cfg, self.folder, self.task, self.method, self.state = cfg, folder, task, method, state
+        self.ranks, self.device, self.hooks = ranks, device, list(hooks)
+        self.transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
+        self.fixed_set = training_set(cfg, task)  # None: fresh samples every step
+        self.loss_of, self.shards = None, ranks.shards(cfg.train.data_shards)
+        self.compiled, self.graphs_before = False, 0
+        self.loss_sum = torch.zeros((), device=device)  # on the device: no host sync per step on GPUs
+        self.finite = torch.ones((), dtype=torch.bool, device=device)
+        self.window_start, self.window_steps, self.window_samples = time.perf_counter(), 0, 0
+        self.start_time = self.window_start - state.trained_seconds
+
+    def draw(self, high: int) -> list[Batch]:
+        return draw_batches(self.cfg, self.task, self.transform, self.state.step, high, self.state.data, self.shards,
+                            self.fixed_set)
+
+    def learn(self, batches: list[Batch]) -> torch.Tensor:
+        """Gradients of the step's loss; a block that fails to compile runs eagerly from here on."""
+        optimizer = self.state.optimizer
+        optimizer.zero_grad(set_to_none=True)
+        try:
+            return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
+        except Exception as err:
+            if not (self.compiled and compile_failed(err)):
+                raise
+            fall_back(self.state.model, err)
+            self.compiled = False
+            optimizer.zero_grad(set_to_none=True)
+            return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
+
+    def step(self) -> tuple[float, int]:
+        """One optimizer step; returns its learning rate and curriculum maximum."""
+        tr, state = self.cfg.train, self.state
+        high = curriculum_max(self.cfg, state.step)
+        batches = self.draw(high)
+        lr = learning_rate(self.cfg, state.step)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        loss = self.learn(batches)
+        if tr.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), tr.grad_clip)
+        state.optimizer.step()
+        state.update_ema(tr)
+        state.step += 1
+        self.loss_sum += loss
+        self.finite &= torch.isfinite(loss)
+        self.window_steps += 1
+        self.window_samples += sum(map(len, batches))
+        return lr, high
+
+    def log_row(self, lr: float, high: int, hooked: list) -> dict:
+        """The metrics.jsonl row of the steps since the last one (every process's losses and
+        samples), with the values of the hooks due; a NaN or infinite loss stops training here."""
+        step, tr = self.state.step, self.cfg.train
+        losses, finite_count, samples = self.ranks.summed(self.loss_sum, self.finite, torch.tensor(
+            float(self.window_samples), device=self.device))
+        if int(finite_count) < self.ranks.world:
+            good = checkpoint.latest(self.folder)
+            kept = f"the last good checkpoint {good} is kept" if good else "no checkpoint had been written"
+            raise TrainingDiverged(f"loss became NaN or inf at or before step {step}; training stopped, {kept}")
+        elapsed = time.perf_counter() - self.window_start
+        row = {"step": step, "loss": float(losses) / (self.window_steps * self.ranks.world), "lr": lr, "max_length": high,
+               "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - self.start_time}
+        if self.compiled:  # graphs compiled so far: a number that keeps growing means recompiling
+            row["compiled_graphs"] = compilations() - self.graphs_before
+        if hooked and self.ranks.main:
+            began = time.perf_counter()
+            weights = self.state.tested_weights(tr.ema_start)
+            for hook in hooked:
+                row.update(hook(weights, high))
+            self.start_time += time.perf_counter() - began
+        self.loss_sum.zero_()
+        self.window_start, self.window_steps, self.window_samples = time.perf_counter(), 0, 0
+        return row
+
+    def run(self, progress: bool = True) -> dict:
+        cfg, tr, state, ranks, folder = self.cfg, self.cfg.train, self.state, self.ranks, self.folder
+        state.model.train()
+        self.compiled = tr.compile and compile_blocks(state.model, self.device)  # in place: EMA and checkpoints see no change
+        self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
+        self.loss_of = ranks.wrap(self.method, state.model)
+        sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), state.step)
+        bar = tqdm(total=tr.steps, initial=state.step, disable=not progress or not ranks.main, dynamic_ncols=True,
+                   mininterval=1.0)
+        shown_tests = {}  # the latest tests during training, kept on the progress bar between them
+        try:  # out of memory or disk: one line saying what to change and which checkpoint is kept
+            with ((folder / METRICS_LOG).open("a") if ranks.main else contextlib.nullcontext()) as log, \
+                    contextlib.closing(sinks):
+                while state.step < tr.steps:
+                    lr, high = self.step()
+                    step, last = state.step, state.step == tr.steps
+                    if last:  # e.g. fit a probe on the trained model, in the weights that are tested
+                        for trained in (state.model, state.ema) if state.ema is not None else (state.model,):
+                            self.method.finish(trained, cfg, self.task, self.device)
+                    hooked = [hook for hook in self.hooks if hook.due(step, last)]
+                    if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or hooked:
+                        row = self.log_row(lr, high, hooked)
+                        if ranks.main:
+                            log.write(json.dumps(row) + "\n")
+                            log.flush()
+                            sinks.log(row)
+                        shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
+                        bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high,
+                                        sps=f"{row['samples_per_s']:.0f}", **shown_tests)
+                        if ranks.main and (step % tr.checkpoint_interval == 0 or last):
+                            state.save(folder, cfg)
+                    bar.update(1)
+        except (MemoryError, RuntimeError, OSError, TrainingDiverged) as err:
+            bar.close()
+            fault = resource_fault(err, cfg, folder, state.step) if not isinstance(err, TrainingDiverged) else None
+            if fault is None:
+                raise
+            raise fault from None
+        bar.close()
+        ranks.barrier()  # every process returns once the last checkpoint is written
+        return {"step": state.step, "folder": str(folder), "device": str(self.device)}
 
 
 def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, progress: bool = True) -> dict:
@@ -201,129 +283,17 @@ def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, 
         ranks.first(lambda: prepare_run_dir(folder, force or restart))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
-    fixed_set = training_set(cfg, task)  # None: fresh samples every step
-    torch.manual_seed(cfg.train.model_seed)
-    model = method.build_model(cfg, task).to(device)
-    ema = copy.deepcopy(model).requires_grad_(False) if cfg.train.ema > 0 else None
-    tr = cfg.train
-    optimizer = torch.optim.AdamW(decay_params(model, tr.decay_all), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
-    data = torch.Generator().manual_seed(tr.data_seed)
-    step, trained_seconds = 0, 0.0
-    metrics_path = folder / "metrics.jsonl"
+    state = RunState.start(cfg, method, task, device)
     if resume:
-        path = checkpoint.latest(folder)
-        state = checkpoint.read_state(path)
-        digests = state.get("sha256")
-        checkpoint.load_weights(model, path / "model.safetensors", digests)
-        if ema is not None:
-            checkpoint.load_weights(ema, path / "ema.safetensors", digests)
-        checkpoint.load_optimizer(optimizer, path / "optimizer.pt", digests)
-        checkpoint.restore_rng(path, state, data)
-        step = state["step"]
-        if ranks.main:
-            trained_seconds = _truncate_metrics(metrics_path, step)  # drop lines logged after the checkpoint
+        state.restore(folder)
+        if ranks.main:  # drop the log lines written after the checkpoint
+            state.trained_seconds = _truncate_metrics(folder / METRICS_LOG, state.step)
     elif ranks.main:  # one process writes the run folder
         (folder / "config.toml").write_text(to_toml(cfg))
         if hasattr(task, "save"):  # what the run read beyond its config (a trained tokenizer)
             task.save(folder)
-
-    def save() -> None:
-        state = {"config": to_dict(cfg), "data_rng": checkpoint.encode_state(data.get_state()),
-                 "torch_rng": checkpoint.encode_state(torch.get_rng_state()), "finished": step >= tr.steps}
-        checkpoint.save(folder, step, model, optimizer, ema, state)
-
-    model.train()
-    compiled = tr.compile and compile_blocks(model, device)  # in place: the EMA and checkpoints see no change
-    graphs_before = compilations()  # the process may have compiled before (tests, scripts)
-    loss_of, shards = ranks.wrap(method, model), ranks.shards(tr.data_shards)
-    sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), step)
-    bar = tqdm(total=tr.steps, initial=step, disable=not progress or not ranks.main, dynamic_ncols=True,
-               mininterval=1.0)
-    loss_sum = torch.zeros((), device=device)
-    finite = torch.ones((), dtype=torch.bool, device=device)
-    shown_tests = {}  # the latest tests during training, kept on the progress bar between them
-    # "time" in metrics.jsonl counts training seconds across resumes, not the time the run was stopped
-    window_start, window_steps, window_samples = time.perf_counter(), 0, 0
-    start_time = window_start - trained_seconds
-    try:  # out of memory or disk: one line saying what to change and which checkpoint is kept
-        with (metrics_path.open("a") if ranks.main else contextlib.nullcontext()) as log, contextlib.closing(sinks):
-            while step < tr.steps:
-                high = curriculum_max(cfg, step)
-                batches = draw_batches(cfg, task, transform, step, high, data, shards, fixed_set)
-                lr = learning_rate(cfg, step)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.zero_grad(set_to_none=True)
-                try:
-                    loss = backward(loss_of, batches, cfg, step, shards, device)
-                except Exception as err:  # a block that fails to compile runs eagerly from here on
-                    if not (compiled and compile_failed(err)):
-                        raise
-                    fall_back(model, err)
-                    compiled = False
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = backward(loss_of, batches, cfg, step, shards, device)
-                if tr.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
-                optimizer.step()
-                if ema is not None and step + 1 >= tr.ema_start:  # the EMA starts as the weights after step ema_start
-                    with torch.no_grad():
-                        if step + 1 == tr.ema_start:
-                            torch._foreach_copy_(list(ema.parameters()), list(model.parameters()))
-                        else:
-                            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - tr.ema)
-                step += 1
-                # accumulate on the device: no host sync per step on GPUs
-                loss_sum += loss
-                finite &= torch.isfinite(loss)
-                window_steps += 1
-                window_samples += sum(map(len, batches))
-                last = step == tr.steps
-                if last:  # e.g. fit a probe on the trained model, in the weights that are tested
-                    for trained in (model, ema) if ema is not None else (model,):
-                        method.finish(trained, cfg, task, device)
-                tested = tr.test_interval > 0 and (due(cfg, step) or last)
-                if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or tested:
-                    # every process's losses and samples (the same tensors in a single process)
-                    losses, finite_count, samples = ranks.summed(loss_sum, finite, torch.tensor(
-                        float(window_samples), device=device))
-                    if int(finite_count) < ranks.world:
-                        bar.close()
-                        good = checkpoint.latest(folder)
-                        kept = f"the last good checkpoint {good} is kept" if good else "no checkpoint had been written"
-                        raise TrainingDiverged(f"loss became NaN or inf at or before step {step}; training stopped, {kept}")
-                    elapsed = time.perf_counter() - window_start
-                    row = {"step": step, "loss": float(losses) / (window_steps * ranks.world), "lr": lr, "max_length": high,
-                           "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - start_time}
-                    if compiled:  # graphs compiled so far: a number that keeps growing means recompiling
-                        row["compiled_graphs"] = compilations() - graphs_before
-                    if tested and ranks.main:  # its seconds are not training time
-                        began = time.perf_counter()
-                        tested_weights = ema if ema is not None and step >= tr.ema_start else model
-                        row.update(run_tests(cfg, task, method, tested_weights, high, device))
-                        start_time += time.perf_counter() - began
-                    if ranks.main:
-                        log.write(json.dumps(row) + "\n")
-                        log.flush()
-                        sinks.log(row)
-                    shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
-                    bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high, sps=f"{row['samples_per_s']:.0f}",
-                                    **shown_tests)
-                    loss_sum.zero_()
-                    window_start, window_steps, window_samples = time.perf_counter(), 0, 0
-                    if ranks.main and (step % tr.checkpoint_interval == 0 or last):
-                        save()
-                bar.update(1)
-    except (MemoryError, RuntimeError, OSError) as err:
-        bar.close()
-        fault = resource_fault(err, cfg, folder, step)
-        if fault is None:
-            raise
-        raise fault from None
-    bar.close()
-    ranks.barrier()  # every process returns once the last checkpoint is written
-    return {"step": step, "folder": str(folder), "device": str(device)}
+    hooks = [TestsDuringTraining(cfg, task, method, device)] if cfg.train.test_interval > 0 else []
+    return Trainer(cfg, folder, task, method, state, ranks, device, hooks).run(progress)
 
 
 def resource_fault(err: BaseException, cfg: Config, folder: Path, step: int) -> ResourceError | None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from lengthgen.config.schedules import SCHEDULES
 from lengthgen.config import schema as config
 
 from lengthgen.reproduce import grid
@@ -239,7 +240,7 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
 
     choices = {"method": METHODS, "model.position": SCHEMES, "train.position_transform": TRANSFORMS,
                "model.init": transformer.INITS, "model.norm": transformer.NORMS, "model.mlp": transformer.MLPS,
-               "model.residual": transformer.RESIDUALS, "train.schedule": schema.SCHEDULES,
+               "model.residual": transformer.RESIDUALS, "train.schedule": SCHEDULES,
                "train.log_to": schema.LOG_SINKS, "model.attn_dropout_on": schema.ATTENTION_DROPOUT_ON}
     for key, names in choices.items():
         for name in names:

@@ -16,7 +16,7 @@ import pytest
 from lengthgen.config import schema as config
 
 from lengthgen.config import presets
-from lengthgen.training.trainer import curriculum_end, curriculum_max, learning_rate
+from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]

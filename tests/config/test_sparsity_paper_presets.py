@@ -17,7 +17,7 @@ from lengthgen.config import schema as config
 from lengthgen.reproduce import grid
 
 from lengthgen.config import presets
-from lengthgen.training.trainer import learning_rate
+from lengthgen.config.schedules import learning_rate
 from preset_tables import doc_section, doc_tables, drift, expected, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]

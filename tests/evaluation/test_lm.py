@@ -4,7 +4,6 @@ learns, and the report's perplexity summary and figures."""
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
@@ -14,34 +13,14 @@ from lengthgen.cli import main
 from lengthgen.config import presets
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.evaluation.language_model import perplexity_at, split_windows
-from lengthgen.evaluation.rows import read_position_loss, read_rows
+from lengthgen.results.rows import read_position_loss, read_rows
 from lengthgen.methods.registry import Method
 from lengthgen.reporting.report import write_report
 from lengthgen.tasks import EOS, IGNORE, get_task
 from lengthgen.tasks.corpus import Corpus, CorpusError, split_of, wikitext_articles
 from lengthgen.training.trainer import train
 
-WORDS = "the of a model window token attention position length query key value layer head".split()
-
-
-def write_documents(folder, count=60, seed=0, words=200):
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    texts = {}
-    for i in range(count):
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(words // 2, words))) + "\n"
-        name = f"part{i % 3}/doc{i:03d}.txt"
-        (folder / name).parent.mkdir(exist_ok=True)
-        (folder / name).write_text(text)
-        texts[name] = text
-    return texts
-
-
-@pytest.fixture
-def docs(tmp_path, monkeypatch):
-    monkeypatch.setenv("LENGTHGEN_DATA", str(tmp_path / "cache"))
-    folder = tmp_path / "docs"
-    return folder, write_documents(folder)
+from documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
 
 
 def test_splits_are_disjoint_deterministic_and_stable(docs, tmp_path):
@@ -144,13 +123,6 @@ def test_missing_python_docs_name_the_package(monkeypatch, tmp_path):
         Corpus().tokens("train")
 
 
-def lm_overrides(folder, *extra):
-    return [f"task.options.path={folder}", "task.options.source=files", "task.train_min=16", "task.train_max=16",
-            "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.steps=150", "train.batch_size=16",
-            "train.warmup_steps=10", "train.log_interval=50", "train.checkpoint_interval=150",
-            "eval.lengths=16,64", "eval.samples=600", "eval.batch_size=4", *extra]
-
-
 @pytest.mark.slow
 def test_a_tiny_language_model_learns_and_is_evaluated_and_reported(docs, tmp_path):
     folder, texts = docs
@@ -189,7 +161,7 @@ def test_a_tiny_language_model_learns_and_is_evaluated_and_reported(docs, tmp_pa
     rope = [r for r in read_rows(runs / "rope-s0" / "eval.csv")] + [r for r in read_rows(runs / "rope-s1" / "eval.csv")]
     ratio = (np.mean([r["perplexity"] for r in rope if r["length"] == 64])
              / np.mean([r["perplexity"] for r in rope if r["length"] == 16]))
-    assert f"| text | rope |" in report and f"{ratio:.3f}" in report
+    assert "| text | rope |" in report and f"{ratio:.3f}" in report
 
 
 def test_bpe_tokenizer_is_trained_on_the_training_split_and_saved_in_the_run(docs, tmp_path):

@@ -13,7 +13,7 @@ import torch
 from lengthgen.cli import main
 from lengthgen.config import presets
 from lengthgen.evaluation.evaluate import evaluate_run
-from lengthgen.evaluation.rows import read_per_step, read_rows, relabel
+from lengthgen.results.rows import read_per_step, read_rows, relabel
 from lengthgen.reporting.figures import plot, plot_heatmap, plot_vs_option, split_panels
 from lengthgen.reporting.report import markdown
 from lengthgen.reporting.series import aggregate

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model import attention
-from lengthgen.model.attention import cope_attention, tra_attention
+from lengthgen.model import content_attention
+from lengthgen.model.content_attention import cope_attention, tra_attention
 from lengthgen.model.transformer import Transformer
 
 
@@ -182,10 +182,10 @@ def test_a_chunk_never_builds_the_whole_window():
 
 def test_a_large_batch_takes_fewer_queries_per_chunk(monkeypatch):
     """The score budget caps a chunk: 8 rows x 200 keys with a budget of 3200 scores -> 2 queries per chunk."""
-    monkeypatch.setattr(attention, "MAX_CHUNK_SCORES", 3200)
-    assert attention.query_spans(200, 512, rows=8)[:2] == [(0, 2), (2, 4)]
-    assert attention.query_spans(200, 0, rows=8) == [(0, 200)]  # 0 stays "all at once"
-    assert attention.query_spans(200, 512, rows=10 ** 6)[0] == (0, 1)  # never below one query
+    monkeypatch.setattr(content_attention, "MAX_CHUNK_SCORES", 3200)
+    assert content_attention.query_spans(200, 512, rows=8)[:2] == [(0, 2), (2, 4)]
+    assert content_attention.query_spans(200, 0, rows=8) == [(0, 200)]  # 0 stays "all at once"
+    assert content_attention.query_spans(200, 512, rows=10 ** 6)[0] == (0, 1)  # never below one query
     q, k, v, g = rand(2, 4, 200, 4), rand(2, 4, 200, 4, seed=1), rand(2, 4, 200, 4, seed=2), rand(2, 4, 200, seed=3)
     assert torch.allclose(tra_attention(q, k, v, g, chunk=512), tra_attention(q, k, v, g, chunk=0), atol=1e-5)
     pos_emb = rand(4, 8)

@@ -149,7 +149,7 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     never saw in training, it fails its own training lengths."""
     from lengthgen.cli import main
     from lengthgen.evaluation.evaluate import accuracy_at, load_run
-    from lengthgen.evaluation.rows import read_rows
+    from lengthgen.results.rows import read_rows
 
     cfg = presets.load("experiments/tra/cpu/copy_symbols.toml", [
         "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "train.position_transform=randomized",

@@ -11,7 +11,7 @@ import matplotlib.figure
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.evaluation.rows import COLUMNS, PER_STEP_COLUMNS, write_csv
+from lengthgen.results.rows import COLUMNS, PER_STEP_COLUMNS, write_csv
 from lengthgen.reporting.figures import plot
 from lengthgen.reporting.series import aggregate
 

@@ -10,11 +10,9 @@ import pytest
 
 from lengthgen.cli import main
 from lengthgen.errors import UserError
-from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.series import aggregate, collect
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.runner import reproduce
-from lengthgen.tasks import TASKS
 from toy_papers import toy_paper, toy_preset
 
 PRESET = toy_preset("multiplication", train_max=3, evaluation="sweep = {max_a_bits = [1, 2]}")

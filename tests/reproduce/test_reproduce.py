@@ -16,7 +16,7 @@ import pytest
 from lengthgen.config.presets import load
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import ConfigError, UserError
-from lengthgen.evaluation.rows import read_rows
+from lengthgen.results.rows import read_rows
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce import runner as rp
 from toy_papers import toy_preset

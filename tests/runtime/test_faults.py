@@ -2,8 +2,8 @@
 happen for real. Memory runs out under an address-space limit on a subprocess, the disk fills up
 in a small tmpfs (where mounting is permitted) and under a file-size limit, folders cannot be
 written under permission bits (as root, with the two capabilities that bypass them dropped), files
-are damaged by replacing, truncating and flipping bytes, and processes are killed at random
-points. Each test checks what the user sees (a non-zero exit, one line, no traceback) and what is
+are damaged (tests/runtime/test_damaged_files.py) and processes killed at random points
+(tests/runtime/test_kills.py). Each test checks what the user sees (a non-zero exit, one line, no traceback) and what is
 kept (the run resumes, or the command reruns, to the numbers of an undisturbed one).
 docs/faults.md tabulates every fault tried here."""
 from __future__ import annotations
@@ -11,13 +11,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import random
 import resource
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,11 +22,9 @@ import torch
 from safetensors.torch import load_file
 
 from lengthgen.cli import main
-from lengthgen.evaluation.rows import read_rows
 from lengthgen.runtime.checkpoint import latest
 from lengthgen.runtime.run_folders import unstarted
 from tiny_runs import TINY, error_lines, one_line_error, train_cli
-from toy_papers import positions_grid, toy_paper, toy_preset
 
 GIB = 2 ** 30
 # the driver runs several CLI calls in one process (one torch import) and prints each call's exit
@@ -95,20 +90,6 @@ def same_weights(a: dict, b: dict) -> bool:
 
 def tree(folder: Path) -> dict:
     return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A trained and evaluated toy run, copied by the tests that damage it."""
-    folder = tmp_path_factory.mktemp("faults") / "run"
-    assert train_cli(folder) == 0 and main(["eval", str(folder), "--no-progress"]) == 0
-    return folder
-
-
-@pytest.fixture
-def copy(run, tmp_path) -> Path:
-    shutil.copytree(run, tmp_path / "run")
-    return tmp_path / "run"
 
 
 # -- memory -------------------------------------------------------------------------------------------
@@ -260,176 +241,3 @@ def test_folders_it_cannot_write_are_named_before_any_work(run, tmp_path):
     finally:
         for path in tmp_path.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
-
-
-# -- damaged files ------------------------------------------------------------------------------------
-
-def garbage(path: Path) -> None:
-    path.write_bytes(bytes(random.Random(path.name).randrange(256) for _ in range(300)))
-
-
-def flip(path: Path, at: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[at % len(data)] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "nul"])
-def test_a_damaged_eval_csv_is_named_with_its_line(copy, capsys, damage):
-    path = copy / "eval.csv"
-    text = path.read_bytes()
-    {"garbage": lambda: garbage(path), "truncated": lambda: path.write_bytes(text[:-7]),
-     "nul": lambda: path.write_bytes(text.replace(b",", b"\0", 1))}[damage]()
-    assert main(["report", str(copy)]) == 2
-    line = one_line_error(capsys)
-    assert str(path) in line and ("line" in line or "truncated" in line)
-
-
-def test_a_damaged_metrics_log_is_skipped_with_a_note_by_curves_and_resume(copy, capsys):
-    path = copy / "metrics.jsonl"
-    lines = path.read_text().splitlines()
-    path.write_bytes(b"\x8f\x00garbage\n" + "\n".join(lines).encode() + b"\n")
-    assert main(["report", str(copy), "--curves"]) == 0
-    err = capsys.readouterr().err
-    assert f"skipped 1 damaged line(s) of {path} (first: line 1)" in err and (copy / "training_curves.png").is_file()
-    assert err.count("skipped") == 1  # read once per report
-    garbage(path)
-    assert main(["train", "--resume", "--out", str(copy), "--no-progress"]) == 0  # the checkpoint is what resumes
-    assert f"of {path}" in capsys.readouterr().err  # a note naming the file, no error
-
-
-def test_a_damaged_results_csv_is_named_and_never_overwritten(run, tmp_path, capsys):
-    out = tmp_path / "report"
-    assert main(["report", str(run), "--out", str(out)]) == 0
-    written = (out / "results.csv").read_bytes()
-    garbage(out / "results.csv")
-    damaged = (out / "results.csv").read_bytes()
-    assert main(["report", str(run), "--out", str(out)]) == 2
-    line = one_line_error(capsys)
-    assert str(out / "results.csv") in line and "move it away" in line
-    assert (out / "results.csv").read_bytes() == damaged
-    (out / "results.csv").unlink()
-    assert main(["report", str(run), "--out", str(out)]) == 0
-    assert (out / "results.csv").read_bytes() == written
-
-
-def test_a_damaged_config_is_named_by_the_report_and_the_checkpoint_still_serves(copy, capsys):
-    garbage(copy / "config.toml")
-    assert main(["report", str(copy)]) == 2
-    assert str(copy / "config.toml") in one_line_error(capsys)
-    assert main(["eval", str(copy), "--no-progress"]) == 0  # the checkpoint holds the config too
-    assert [r["length"] for r in read_rows(copy / "eval.csv")] == [2, 4]
-
-
-@pytest.mark.parametrize("file, damage", [("state.json", "garbage"), ("state.json", "flip"),
-                                          ("model.safetensors", "flip"), ("optimizer.pt", "flip")])
-def test_a_damaged_checkpoint_file_is_named(copy, capsys, file, damage):
-    path = latest(copy) / file
-    garbage(path) if damage == "garbage" else flip(path, 200)
-    command = ["train", "--resume", "--out", str(copy)] if file == "optimizer.pt" else ["eval", str(copy)]
-    assert main([*command, "--no-progress"]) == 2
-    assert str(path) in one_line_error(capsys)
-
-
-@pytest.mark.parametrize("pointer", ["../../../etc", "/etc", "step_0000006", "garbage"])
-def test_a_latest_pointer_never_leads_outside_its_run(copy, capsys, pointer):
-    path = copy / "checkpoints" / "latest"
-    garbage(path) if pointer == "garbage" else path.write_text(pointer)
-    assert latest(copy) == copy / "checkpoints" / "step_00000006"
-    assert "is damaged; using the newest complete checkpoint, step_00000006" in capsys.readouterr().err
-
-
-def test_a_latest_pointer_through_a_link_reads_only_a_step_name(copy, tmp_path, capsys):
-    outside = tmp_path / "outside"
-    (outside / "step_00000006").mkdir(parents=True)  # a look-alike checkpoint outside the run
-    (copy / "checkpoints" / "latest").unlink()
-    (copy / "checkpoints" / "latest").symlink_to(tmp_path / "elsewhere")
-    (tmp_path / "elsewhere").write_text(str(outside / "step_00000006"))
-    assert latest(copy) == copy / "checkpoints" / "step_00000006"
-
-
-def test_a_pointer_to_a_missing_checkpoint_is_one_line(copy, capsys):
-    (copy / "checkpoints" / "latest").write_text("step_00000099")
-    assert main(["eval", str(copy), "--no-progress"]) == 2
-    assert "step_00000099" in one_line_error(capsys)
-
-
-# -- kills at random points ---------------------------------------------------------------------------
-
-GRID = positions_grid("Faults")
-PRESET = toy_preset(steps=40, lengths="2,4,8", samples=32)
-
-
-def killed_at_random(argv: list[str], cwd: Path, seconds: float, seed: int) -> float:
-    """Start `lengthgen argv`, SIGKILL its process group at a random point of its first `seconds`."""
-    at = random.Random(seed).uniform(0.1, 0.9) * seconds
-    proc = subprocess.Popen([sys.executable, "-m", "lengthgen", *argv], cwd=cwd, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        proc.wait(timeout=at)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return at
-
-
-def rerun(argv: list[str], cwd: Path) -> None:
-    subprocess.run([sys.executable, "-m", "lengthgen", *argv], cwd=cwd, check=True, capture_output=True)
-
-
-def timed(argv: list[str], cwd: Path) -> float:
-    began = time.monotonic()
-    rerun(argv, cwd)
-    return time.monotonic() - began
-
-
-@pytest.fixture
-def toy(tmp_path) -> Path:
-    toy_paper(tmp_path / "toy", GRID, {"parity": PRESET})
-    return tmp_path
-
-
-def reproduction(out: str, *extra: str) -> list[str]:
-    return ["reproduce", "toy", "--out", out, "--workers", "2", "--threads", "1", "--no-progress", *extra]
-
-
-@pytest.mark.slow
-def test_kills_at_random_points_rerun_to_the_numbers_of_an_undisturbed_run(toy):
-    """SIGKILL at a random point of a reproduction (two workers training), of an evaluation and of
-    a report of its runs; each rerun gives the results of the undisturbed reproduction, none
-    duplicated. (A killed `train` resumes to the same weights: tests/training/test_train.py.)"""
-    whole = timed(reproduction("whole"), toy)
-    expected = (toy / "whole" / "results.csv").read_text()
-    killed_at_random(reproduction("killed"), toy, whole, seed=0)
-    rerun(reproduction("killed"), toy)
-    assert (toy / "killed" / "results.csv").read_text() == expected
-    run = "killed/runs/parity-rope-s0"
-    evaluation = ["eval", run, "--lengths", "2:8", "--samples", "128", "--no-progress"]
-    killed_at_random(evaluation, toy, timed(evaluation, toy), seed=1)
-    evaluated = (toy / run / "eval.csv").read_text()
-    rerun(evaluation, toy)
-    assert (toy / run / "eval.csv").read_text() == evaluated
-    report = ["report", "whole/runs", "--out", "report"]
-    killed_at_random(report, toy, timed(report, toy), seed=2)
-    rerun(report, toy)
-    assert (toy / "report" / "results.csv").read_text() == expected
-
-
-@pytest.mark.slow
-def test_a_reproduction_killed_on_ray_reruns_to_the_numbers_of_the_local_pool(toy):
-    pytest.importorskip("ray")
-    whole = timed(reproduction("whole"), toy)
-    on_ray = reproduction("on-ray", "--backend", "ray")
-    proc = subprocess.Popen([sys.executable, "-m", "lengthgen", *on_ray], cwd=toy, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:  # Ray takes seconds to start: the kill lands once its tasks train (after a first checkpoint)
-        deadline = time.monotonic() + 180
-        while not list((toy / "on-ray" / "runs").glob("*/checkpoints/latest")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no Ray task trained"
-            time.sleep(0.1)
-        time.sleep(random.Random(3).uniform(0, whole / 4))
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    rerun(on_ray, toy)
-    assert (toy / "on-ray" / "results.csv").read_text() == (toy / "whole" / "results.csv").read_text()

@@ -17,7 +17,7 @@ from lengthgen.config import presets
 
 from lengthgen.cli import main
 from lengthgen.config.schema import to_toml
-from lengthgen.evaluation.rows import COLUMNS, LABELS, read_rows, write_csv
+from lengthgen.results.rows import COLUMNS, LABELS, read_rows, write_csv
 from lengthgen.reproduce import runner as rp
 from lengthgen.runtime.run_folders import UNSTARTED, OutLock, foreign
 from lengthgen.tasks import corpus as corpora

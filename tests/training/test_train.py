@@ -17,7 +17,9 @@ from lengthgen.errors import ConfigError, TrainingDiverged, UserError
 from lengthgen.evaluation.evaluate import accuracy_at, load_run
 from lengthgen.methods.registry import NextTokenPrediction
 from lengthgen.tasks import get_task
-from lengthgen.training.trainer import curriculum_end, curriculum_max, decay_params, learning_rate, sample_batch, train
+from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
+from lengthgen.training.run_state import decay_params
+from lengthgen.training.trainer import sample_batch, train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu"]

@@ -10,30 +10,37 @@ import sys
 from pathlib import Path
 
 from lengthgen.errors import UserError
-from lengthgen.methods.registry import METHODS
-from lengthgen.tasks import TASKS
 
 COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
-           "stop_step", "train_max", "baseline", "step"]
+           "stop_step", "train_max", "baseline", "step", "metrics"]
 # arm: the reproduction arm that trained the run ("" outside a grid); stop: the looped model's stop
 # rule ("" for methods without one); stop_step: mean read-out iteration under that rule; n: test
 # samples at this length; baseline: exact-match chance of a uniform random guess; step: training
 # step of the evaluated weights. Beyond these a row may carry (see `row`): the run's labels from
 # RUN/series.json (config keys, dotted, e.g. task.options.k), the task options swept in evaluation
 # (eval.sweep, by option name) and the task's and method's own metrics (Task.metric_names,
-# Method.metric_names).
+# Method.metric_names), named in the row's `metrics` cell (space-separated), so that a reader
+# needs no registry to tell a metric from a swept option.
 METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged over seeds; tasks add theirs
-BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source")  # per run, not what tells series apart
+BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source", "metrics")  # per run, not what tells series apart
 PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
                     "confidence", "oracle_step", "train_max"]
 POSITION_LOSS = "position_loss.csv"  # in a run folder of a language-model task: window,position,loss
 LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its rows carry (written by reproduce)
 
 
-def metric_names(task: str, method: str = "") -> tuple[str, ...]:
-    """Every metric column of a task's rows: the common ones, the task's own and the method's."""
-    return METRICS + (TASKS[task].metric_names if task in TASKS else ()) + \
-        (METHODS[method].metric_names if method in METHODS else ())
+# eval.csv written before 2026-11-26 did not name its own metrics; these were all there were
+OLD_OWN_METRICS = ("perplexity", "loss", "glitch_rate", "sequence_accuracy", "id_accuracy")
+
+
+def own_metrics(row: dict) -> tuple[str, ...]:
+    """The task's and the method's own metric columns of a row, as its `metrics` cell names them."""
+    return tuple(row.get("metrics", "").split())
+
+
+def metric_names(row: dict) -> tuple[str, ...]:
+    """Every metric column of a row: the common ones, then the task's and the method's own."""
+    return METRICS + own_metrics(row)
 
 
 def cell(value) -> str:
@@ -133,9 +140,11 @@ def read_rows(path: Path) -> list[dict]:
     labels and swept options stay text)."""
     rows = read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
                       ("accuracy", "token_accuracy", "baseline", "stop_step"),
-                      {"stop": "", "stop_step": "nan", "arm": ""})
+                      {"stop": "", "stop_step": "nan", "arm": "", "metrics": None})
     for line, r in enumerate(rows, start=2):
-        for name in metric_names(r["task"], r["method"])[len(METRICS):]:
+        if r["metrics"] is None:  # a file from before 2026-11-26
+            r["metrics"] = " ".join(m for m in OLD_OWN_METRICS if m in r)
+        for name in own_metrics(r):
             try:
                 r[name] = float(r.get(name, "nan") or "nan")
             except ValueError:
@@ -188,7 +197,7 @@ def format_table(rows: list[dict]) -> str:
     """Plain-text table of one run's rows (one stop rule and swept option values), lengths
     beyond training marked; the task's own metrics as further columns."""
     stop = rows[0]["stop"]
-    own = metric_names(rows[0]["task"])[len(METRICS):]
+    own = own_metrics(rows[0])
     lines = [f"{'length':>7}  {'accuracy':>8}  {'token_acc':>9}" + "".join(f"  {m:>10}" for m in own)
              + f"  {'random':>8}" + ("  stop_step" if stop else "")]
     for r in rows:

@@ -1,0 +1,24 @@
+"""A trained and evaluated toy run, shared by the fault tests that damage or limit it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lengthgen.cli import main
+from tiny_runs import train_cli
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A trained and evaluated toy run, copied by the tests that damage it."""
+    folder = tmp_path_factory.mktemp("faults") / "run"
+    assert train_cli(folder) == 0 and main(["eval", str(folder), "--no-progress"]) == 0
+    return folder
+
+
+@pytest.fixture
+def copy(run, tmp_path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
