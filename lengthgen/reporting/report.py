@@ -20,6 +20,7 @@ from lengthgen.results.rows import COLUMNS, columns_of, write_csv
 from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section
+from lengthgen.reporting.across_tasks import section as across_tasks_section
 from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
                                         task_view)
 from lengthgen.runtime.run_folders import REPORT_MARK, check_overwritable
@@ -264,6 +265,10 @@ def draw_accuracy_vs_option(spec: dict, d: Drawn) -> list[str]:
             "Mean ± standard error over seeds; the dashed line is random guessing.", "", f"![{metric} vs {short_name(x)}]({name})", ""]
 
 
+def draw_across_tasks(spec: dict, d: Drawn) -> list[str]:  # every row (e.g. arm x scheme) on every task
+    return across_tasks_section(spec, d.agg, d.out, _cell)
+
+
 def draw_attention(spec: dict, d: Drawn) -> list[str]:
     return attention_section(spec, d.rows, d.out)
 
@@ -291,6 +296,7 @@ FIGURES = {
     "attention": Figure(frozenset({"task", "arm", "options", "length"}), draw_attention, ("task",)),
     "accuracy_vs_option": Figure(frozenset({"x", "length", "metric"}), draw_accuracy_vs_option, ("x",), ("x",)),
     "training_curves": Figure(frozenset(), draw_training_curves),
+    "across_tasks": Figure(frozenset({"at", "rows", "metric"}), draw_across_tasks),
     "position_loss": Figure(frozenset({"windows"}), draw_position_loss),
     "gain_by_sparsity": Figure(frozenset({"reference", "buckets", "select", "examples"}), draw_gain_by_sparsity,
                                ("reference",)),

@@ -1,0 +1,102 @@
+"""The across-tasks section of a report: one cell per (row, task), a metric at a multiple of each
+series' own training maximum (accuracy at 2x by default), where a row is the values of the
+columns the layout names (e.g. arm and positional scheme); a heatmap of the cells, their table
+with standard errors and the chance of a random guess, and the rows ranked by mean reciprocal
+rank across tasks, as Kazemnejad et al. (NeurIPS 2023) rank positional encodings."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from lengthgen.errors import UserError
+from lengthgen.reporting.figures import _pyplot
+from lengthgen.reporting.series import at_multiple
+
+
+def cells(agg: list[dict], rows_by: list[str], at: float) -> dict[tuple, dict]:
+    """{(row, task): the aggregated row of that series at the first length >= at x its training
+    maximum}. Two series landing in one cell is an error: the columns do not tell them apart."""
+    lengths = defaultdict(set)
+    for a in agg:
+        lengths[(a["task"], a["series"])].add(a["length"])
+    out, origin = {}, {}
+    for a in agg:
+        if a["length"] != at_multiple(sorted(lengths[(a["task"], a["series"])]), a["train_max"], at):
+            continue
+        cell = (tuple(str(a.get(c, "")) for c in rows_by), a["task"])
+        if cell in out and origin[cell] != a["series"]:
+            raise UserError(f"rows {rows_by} do not tell apart two series of {a['task']} "
+                            f"({dict(origin[cell])} and {dict(a['series'])}); add the column that differs to rows")
+        out[cell], origin[cell] = a, a["series"]
+    return out
+
+
+def ranks(values: dict[tuple, float]) -> dict[tuple, int]:
+    """Competition ranks (1 = best; equal values share the better rank; NaN ranks last)."""
+    score = {k: (v if math.isfinite(v) else -math.inf) for k, v in values.items()}
+    return {k: 1 + sum(other > v for other in score.values()) for k, v in score.items()}
+
+
+def mean_reciprocal_rank(table: dict[tuple, dict], metric: str) -> dict[tuple, float]:
+    """Each row's mean over the tasks it ran of 1 / its rank among the rows of that task."""
+    by_task = defaultdict(dict)
+    for (row, task), a in table.items():
+        by_task[task][row] = a[metric]
+    reciprocal = defaultdict(list)
+    for values in by_task.values():
+        for row, rank in ranks(values).items():
+            reciprocal[row].append(1 / rank)
+    return {row: sum(r) / len(r) for row, r in reciprocal.items()}
+
+
+def label(row: tuple) -> str:
+    return " · ".join(v for v in row if v) or "(all)"
+
+
+def plot_across_tasks(table: dict[tuple, dict], order: list[tuple], tasks: list[str], path: Path, metric: str,
+                title: str) -> None:
+    plt = _pyplot()
+    grid = [[table[(row, t)][metric] if (row, t) in table else math.nan for t in tasks] for row in order]
+    fig, ax = plt.subplots(figsize=(1.3 * len(tasks) + 2.5, 0.32 * len(order) + 1.6))
+    image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1 if metric.endswith("accuracy") else None, aspect="auto")
+    for i, line in enumerate(grid):
+        for j, v in enumerate(line):
+            if math.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w" if v < 0.6 else "k")
+    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(order)), [label(r) for r in order], fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def section(spec: dict, agg: list[dict], out: Path, cell_text) -> list[str]:
+    """The report's across-tasks section: heatmap, ranking and table (`cell_text` formats a cell)."""
+    metric, at, rows_by = spec.get("metric", "accuracy"), float(spec.get("at", 2.0)), list(spec.get("rows", ["arm"]))
+    table = cells(agg, rows_by, at)
+    if not table:
+        return [f"(no series was evaluated at {at:g}× its training length: no across-tasks table)", ""]
+    tasks = sorted({t for _, t in table})
+    mrr = mean_reciprocal_rank(table, metric)
+    order = sorted(mrr, key=lambda r: (-mrr[r], label(r)))
+    name = f"across_tasks_{metric}_at_{at:g}x.png"
+    plot_across_tasks(table, order, tasks, out / name, metric, f"{metric} at {at:g}× the training length, mean over seeds")
+    ranked = ranks(mrr)
+    lines = [f"## {metric} at {at:g}× the training length: every {' × '.join(rows_by)} on every task", "",
+             f"Each cell: {metric} at the first evaluated length at or beyond {at:g}× the series' own longest "
+             "training length, mean over seeds. Rows are ordered by mean reciprocal rank (MRR) across tasks: in "
+             "each task the rows are ranked by that mean (equal means share the better rank), and a row's MRR is "
+             "the mean of 1 / rank over the tasks it ran (1 = best everywhere).", "", f"![{metric} across tasks]({name})", "",
+             "| rank | " + " · ".join(rows_by) + " | MRR | " + " | ".join(tasks) + " |",
+             "|---:|---|---:|" + "---:|" * len(tasks)]
+    for row in order:
+        lines.append(f"| {ranked[row]} | {label(row)} | {mrr[row]:.3f} | "
+                     + " | ".join(cell_text(table.get((row, t)), metric) for t in tasks) + " |")
+    chance = {t: next((a["baseline"] for (r, task), a in table.items() if task == t), math.nan) for t in tasks}
+    lengths = {t: sorted({a["length"] for (r, task), a in table.items() if task == t}) for t in tasks}
+    lines += ["| | random guess | | " + " | ".join(f"{chance[t]:.2g}" for t in tasks) + " |",
+              "| | length | | " + " | ".join(",".join(map(str, lengths[t])) for t in tasks) + " |", ""]
+    return lines
