@@ -10,6 +10,7 @@ from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
          "sparse_parity", "decimal_addition", "decimal_multiplication"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+HINTS = LETTERS + LETTERS.upper()  # index hints, in order
 
 
 # ---------------------------------------------------------------- brute force
@@ -99,6 +100,28 @@ def solve_sparse_parity(q: str, n: int, k_max: int = 4, k: int | None = None,
 def solve_decimal_addition(q: str, n: int) -> tuple[str, int]:
     a, b = _match(rf"(\d{{{n}}})\+(\d{{{n}}})=", q).groups()
     return str(int(a) + int(b)).zfill(n + 1)[::-1], n
+
+
+def solve_hinted_addition(q: str, n: int, base: int = 10, units_first: bool = True,
+                          operands: str = "equal") -> tuple[str, int]:
+    """A question written with index hints (a letter before every digit): the hints of each operand
+    must name its digits' significances from one offset shared by both, the sum's n + 1 digits are
+    computed on the digits alone and written with the same hints ("c6b5a3+c0b4a9=" -> "a2b0c7d0")."""
+    numbers = _match(r"((?:[a-zA-Z][0-9])+)\+((?:[a-zA-Z][0-9])+)=", q).groups()
+    parsed = [(number[0::2], number[1::2]) for number in numbers]  # (hints, digits)
+    offset = HINTS.index(parsed[0][0][-1])  # the units digit's hint
+    for hints, digits in parsed:
+        assert all(d in "0123456789"[:base] for d in digits), (q, "not a digit")
+        assert [HINTS.index(h) for h in hints] == [offset + len(hints) - 1 - k for k in range(len(hints))], \
+            (q, "hints do not name the significances from the shared offset")
+    lengths = [len(digits) for _, digits in parsed]
+    assert lengths == [n, n] if operands == "equal" else max(lengths) == n, (q, lengths)
+    assert offset + n < len(HINTS), (q, "more hints than letters")
+    total = sum(int(digits, base) for _, digits in parsed)
+    sum_digits = [str(total // base ** s % base) for s in range(n + 1)]  # units first
+    assert total < base ** (n + 1)
+    order = range(n + 1) if units_first else range(n, -1, -1)
+    return "".join(HINTS[offset + s] + sum_digits[s] for s in order), n
 
 
 def solve_decimal_multiplication(q: str, n: int, b_digits: int = 2) -> tuple[str, int]:
