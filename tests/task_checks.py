@@ -1,6 +1,7 @@
 """Brute-force solvers and layout checks shared by the task tests."""
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -8,7 +9,7 @@ import torch
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
 ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
-         "sparse_parity", "decimal_addition", "decimal_multiplication"]
+         "sparse_parity", "decimal_addition", "decimal_multiplication", "selective_copy", "counting"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 HINTS = LETTERS + LETTERS.upper()  # index hints, in order
 
@@ -124,6 +125,37 @@ def solve_hinted_addition(q: str, n: int, base: int = 10, units_first: bool = Tr
     return "".join(HINTS[offset + s] + sum_digits[s] for s in order), n
 
 
+def solve_selective_copy(q: str, n: int, symbols: int = 16, blank_ratio: float = 1.0) -> tuple[str, int]:
+    """n symbols and round-half-up(blank_ratio * n) blanks '.', in any order: the symbols."""
+    text = _match(rf"([{LETTERS[:symbols]}.]*)=", q).group(1)
+    content = text.replace(".", "")
+    assert len(content) == n and text.count(".") == math.floor(blank_ratio * n + 0.5), (q, "wrong counts")
+    return content, n
+
+
+def solve_counting(q: str, n: int, variables: int = 3) -> tuple[str, int]:
+    """Run the n statements (`v = 0 ;`, `v ++;`, `pass;`), then read `print v =`: v must be set,
+    and no value may pass 10 (the released generator's cap)."""
+    words = q.split(" ")
+    assert words[-3] == "print" and words[-1] == "=", (q, "no print at the end")
+    names, values, k, statements = LETTERS[:variables], {}, 0, 0
+    while k < len(words) - 3:
+        if words[k] == "pass;":
+            k += 1
+        elif words[k] in names and words[k + 1:k + 4] == ["=", "0", ";"]:
+            values[words[k]] = 0
+            k += 4
+        elif words[k] in names and words[k + 1] == "++;":
+            assert words[k] in values and values[words[k]] < 10, (q, "an increment the law forbids")
+            values[words[k]] += 1
+            k += 2
+        else:
+            raise AssertionError(f"question {q!r}: no statement at word {k}")
+        statements += 1
+    assert statements == n and words[-2] in values, (q, statements, "wrong count, or an unset variable printed")
+    return str(values[words[-2]]), n
+
+
 def solve_decimal_multiplication(q: str, n: int, b_digits: int = 2) -> tuple[str, int]:
     a, b = _match(rf"(\d{{{n}}})\*(\d{{{b_digits}}})=", q).groups()
     return str(int(a) * int(b)).zfill(n + b_digits)[::-1], n
@@ -133,7 +165,8 @@ SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_additio
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
            "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct,
            "sparse_parity": solve_sparse_parity, "decimal_addition": solve_decimal_addition,
-           "decimal_multiplication": solve_decimal_multiplication}
+           "decimal_multiplication": solve_decimal_multiplication, "selective_copy": solve_selective_copy,
+           "counting": solve_counting}
 
 
 # ---------------------------------------------------------------- layout check
