@@ -1,6 +1,7 @@
 """Brute-force solvers and layout checks shared by the task tests."""
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -8,8 +9,9 @@ import torch
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
 ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
-         "sparse_parity", "decimal_addition", "decimal_multiplication"]
+         "sparse_parity", "decimal_addition", "decimal_multiplication", "selective_copy", "counting"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+HINTS = LETTERS + LETTERS.upper()  # index hints, in order
 
 
 # ---------------------------------------------------------------- brute force
@@ -101,6 +103,59 @@ def solve_decimal_addition(q: str, n: int) -> tuple[str, int]:
     return str(int(a) + int(b)).zfill(n + 1)[::-1], n
 
 
+def solve_hinted_addition(q: str, n: int, base: int = 10, units_first: bool = True,
+                          operands: str = "equal") -> tuple[str, int]:
+    """A question written with index hints (a letter before every digit): the hints of each operand
+    must name its digits' significances from one offset shared by both, the sum's n + 1 digits are
+    computed on the digits alone and written with the same hints ("c6b5a3+c0b4a9=" -> "a2b0c7d0")."""
+    numbers = _match(r"((?:[a-zA-Z][0-9])+)\+((?:[a-zA-Z][0-9])+)=", q).groups()
+    parsed = [(number[0::2], number[1::2]) for number in numbers]  # (hints, digits)
+    offset = HINTS.index(parsed[0][0][-1])  # the units digit's hint
+    for hints, digits in parsed:
+        assert all(d in "0123456789"[:base] for d in digits), (q, "not a digit")
+        assert [HINTS.index(h) for h in hints] == [offset + len(hints) - 1 - k for k in range(len(hints))], \
+            (q, "hints do not name the significances from the shared offset")
+    lengths = [len(digits) for _, digits in parsed]
+    assert lengths == [n, n] if operands == "equal" else max(lengths) == n, (q, lengths)
+    assert offset + n < len(HINTS), (q, "more hints than letters")
+    total = sum(int(digits, base) for _, digits in parsed)
+    sum_digits = [str(total // base ** s % base) for s in range(n + 1)]  # units first
+    assert total < base ** (n + 1)
+    order = range(n + 1) if units_first else range(n, -1, -1)
+    return "".join(HINTS[offset + s] + sum_digits[s] for s in order), n
+
+
+def solve_selective_copy(q: str, n: int, symbols: int = 16, blank_ratio: float = 1.0) -> tuple[str, int]:
+    """n symbols and round-half-up(blank_ratio * n) blanks '.', in any order: the symbols."""
+    text = _match(rf"([{LETTERS[:symbols]}.]*)=", q).group(1)
+    content = text.replace(".", "")
+    assert len(content) == n and text.count(".") == math.floor(blank_ratio * n + 0.5), (q, "wrong counts")
+    return content, n
+
+
+def solve_counting(q: str, n: int, variables: int = 3) -> tuple[str, int]:
+    """Run the n statements (`v = 0 ;`, `v ++;`, `pass;`), then read `print v =`: v must be set,
+    and no value may pass 10 (the released generator's cap)."""
+    words = q.split(" ")
+    assert words[-3] == "print" and words[-1] == "=", (q, "no print at the end")
+    names, values, k, statements = LETTERS[:variables], {}, 0, 0
+    while k < len(words) - 3:
+        if words[k] == "pass;":
+            k += 1
+        elif words[k] in names and words[k + 1:k + 4] == ["=", "0", ";"]:
+            values[words[k]] = 0
+            k += 4
+        elif words[k] in names and words[k + 1] == "++;":
+            assert words[k] in values and values[words[k]] < 10, (q, "an increment the law forbids")
+            values[words[k]] += 1
+            k += 2
+        else:
+            raise AssertionError(f"question {q!r}: no statement at word {k}")
+        statements += 1
+    assert statements == n and words[-2] in values, (q, statements, "wrong count, or an unset variable printed")
+    return str(values[words[-2]]), n
+
+
 def solve_decimal_multiplication(q: str, n: int, b_digits: int = 2) -> tuple[str, int]:
     a, b = _match(rf"(\d{{{n}}})\*(\d{{{b_digits}}})=", q).groups()
     return str(int(a) * int(b)).zfill(n + b_digits)[::-1], n
@@ -110,7 +165,8 @@ SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_additio
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
            "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct,
            "sparse_parity": solve_sparse_parity, "decimal_addition": solve_decimal_addition,
-           "decimal_multiplication": solve_decimal_multiplication}
+           "decimal_multiplication": solve_decimal_multiplication, "selective_copy": solve_selective_copy,
+           "counting": solve_counting}
 
 
 # ---------------------------------------------------------------- layout check

@@ -26,7 +26,7 @@ def test_tasks_lists_every_task(capsys):
     out = capsys.readouterr().out
     for name in TASKS:
         assert name in out
-    assert len(TASKS) == 13
+    assert len(TASKS) == 15
 
 
 @pytest.mark.slow

@@ -8,19 +8,22 @@ from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, TrailingPad, m
 from .binary_sum import BinarySum
 from .copy import Copy
 from .copy_symbols import CopySymbols
+from .counting import Counting
 from .decimal_addition import DecimalAddition
 from .decimal_multiplication import DecimalMultiplication
 from .flipflop import FlipFlop
 from .induct import Induct
 from .multiplication import Multiplication
 from .parity import Parity
+from .selective_copy import SelectiveCopy
 from .sparse_parity import SparseParity
 from .text import Text
 from .unique_set import UniqueSet
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
-                              FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication, Text)
+                              FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication, SelectiveCopy,
+                              Counting, Text)
 }
 
 
@@ -43,4 +46,4 @@ def get_task(name: str, **options) -> Task:
 __all__ = ["TASKS", "get_task", "task_of", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
            "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition",
-           "DecimalMultiplication", "Text"]
+           "DecimalMultiplication", "SelectiveCopy", "Counting", "Text"]

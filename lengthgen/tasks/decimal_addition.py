@@ -35,6 +35,12 @@ offset. For addition they differ from coupled IDs only in the operators' ID (0, 
 in counting from 1; the IDs depend on where each number starts, which the task knows, so they
 are the task's, as coupled IDs are.
 
+`index_hints = true` writes Zhou et al.'s index hints (lengthgen/tasks/hints.py): each digit of a,
+b and the sum is preceded by a letter naming its significance, the same letter in the three numbers,
+from a first letter drawn per sample ("c6b5a3+c0b4a9=" -> "a2b0c7d0" for the example, offset 0);
+52 letters, so lengths up to 51. The hints are tokens, not position IDs: refused with `coupled` and
+`abacus`.
+
 `bos = true` opens the question with a BOS (the EOS token, as Cho et al.'s tokenizer
 does) whose coupled ID is 0, kept at 0 by random_offset's keep_zero, as in their code;
 `eos = true` ends the answer with a scored EOS, whose ID (as a next-ID target) is 0 too.
@@ -46,7 +52,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import EOS, IGNORE, Batch, Task, assemble, prefix_mask, uniform_below
+from .base import EOS, IGNORE, Batch, assemble, prefix_mask, uniform_below
+from .hints import HINTS, Hinted, check_hinted, draw_offsets, with_hints
 
 START = 1  # the operators' ID in evaluation; 0 stays for padding
 OPERANDS = ("equal", "different", "independent")
@@ -67,7 +74,7 @@ def check_flag(task: str, name: str, value) -> None:
         raise ValueError(f"{task}: {name} must be true or false, got {value!r}")
 
 
-class DecimalAddition(Task):
+class DecimalAddition(Hinted):
     name = "decimal_addition"
     tokens = tuple("0123456789") + ("+", "=")
     answer_symbols = 10
@@ -75,17 +82,26 @@ class DecimalAddition(Task):
     example = "653+049= -> 2070"
 
     def __init__(self, *, coupled: bool = False, operands: str = "equal", bos: bool = False, eos: bool = False,
-                 abacus: bool = False):
-        for flag, value in (("coupled", coupled), ("bos", bos), ("eos", eos), ("abacus", abacus)):
+                 abacus: bool = False, index_hints: bool = False):
+        for flag, value in (("coupled", coupled), ("bos", bos), ("eos", eos), ("abacus", abacus),
+                            ("index_hints", index_hints)):
             check_flag(self.name, flag, value)
         if coupled and abacus:
             raise ValueError("decimal_addition: coupled and abacus are two layouts of position IDs; choose one")
+        if index_hints and (coupled or abacus):  # their IDs count the columns of the plain layout
+            raise ValueError("decimal_addition: index_hints marks digits with tokens, coupled and abacus with "
+                             "position IDs; choose one")
         if operands not in OPERANDS:
             raise ValueError(f"decimal_addition: operands must be one of {', '.join(OPERANDS)}, got {operands!r}")
         self.coupled, self.operands, self.bos, self.eos, self.abacus = coupled, operands, bos, eos, abacus
+        self.index_hints = index_hints
+        if index_hints:
+            self.tokens = DecimalAddition.tokens + HINTS
 
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, width = self.lengths_of(batch_size, length)
+        if self.index_hints:
+            check_hinted(self.name, n)
         if self.operands == "independent":  # at a given length: both operands of exactly n digits
             return self.build(n, n, n, generator)
         a = torch.randint(0, 10, (batch_size, width), generator=generator)  # least significant first
@@ -94,7 +110,7 @@ class DecimalAddition(Task):
         if self.operands == "different":  # one operand has n digits, the other 1..n, either first
             short, a_short = 1 + uniform_below(n, generator), torch.randint(0, 2, n.shape, generator=generator) == 1
             la, lb = torch.where(a_short, short, n), torch.where(a_short, n, short)
-        return self.lay_out(a * prefix_mask(la, width), b * prefix_mask(lb, width), la, lb, n)
+        return self.lay_out(a * prefix_mask(la, width), b * prefix_mask(lb, width), la, lb, n, generator)
 
     @property
     def draws_own_lengths(self) -> bool:
@@ -104,6 +120,8 @@ class DecimalAddition(Task):
         if self.operands != "independent":
             return super().sample_range(batch_size, low, high, generator)
         counts = torch.randint(low, high + 1, (2, batch_size), generator=generator)  # each operand's own
+        if self.index_hints:
+            check_hinted(self.name, counts.amax(0))
         return self.build(counts.amax(0), counts[0], counts[1], generator)
 
     def build(self, n: Tensor, da: Tensor, db: Tensor, generator: torch.Generator) -> Batch:
@@ -111,10 +129,11 @@ class DecimalAddition(Task):
         width = int(n.max())
         a = exact_digits(torch.randint(0, 10, (len(n), width), generator=generator), da, generator)
         b = exact_digits(torch.randint(0, 10, (len(n), width), generator=generator), db, generator)
-        return self.lay_out(a, b, n.clone(), n.clone(), n)
+        return self.lay_out(a, b, n.clone(), n.clone(), n, generator)
 
-    def lay_out(self, a: Tensor, b: Tensor, la: Tensor, lb: Tensor, n: Tensor) -> Batch:
-        """The batch of a + b: a (B, W) and b, units first, shown with la and lb digits."""
+    def lay_out(self, a: Tensor, b: Tensor, la: Tensor, lb: Tensor, n: Tensor, generator: torch.Generator) -> Batch:
+        """The batch of a + b: a (B, W) and b, units first, shown with la and lb digits (the
+        generator draws the index hints' offsets, after every other draw)."""
         batch_size, width = a.shape
         total = torch.zeros(batch_size, width + 1, dtype=torch.long)
         carry = torch.zeros(batch_size, dtype=torch.long)
@@ -131,7 +150,13 @@ class DecimalAddition(Task):
         from_b = b.gather(1, significance.clamp(0, width - 1))
         question = torch.where(j < plus, from_a, from_b) + digit
         question = torch.where(j == plus, self.token_id("+"), torch.where(j == equals, self.token_id("="), question))
-        batch = assemble(question, la + lb + 2, total + digit, n + 1, lengths=n, n_steps=n.clone(),
+        question_len, answer, answer_len = la + lb + 2, total + digit, n + 1
+        if self.index_hints:  # the operators have no significance; the sum is written units first
+            hint = self.token_id(HINTS[0]) + draw_offsets(n, generator)
+            question, question_len = with_hints(question, question_len, significance.masked_fill(
+                (j == plus) | (j == equals), -1), hint)
+            answer, answer_len = with_hints(answer, answer_len, torch.arange(width + 1).expand_as(answer), hint)
+        batch = assemble(question, question_len, answer, answer_len, lengths=n, n_steps=n.clone(),
                          eos=self.eos, bos=self.bos)
         if self.coupled:
             batch.position_ids = self.coupled_ids(batch, la, int(self.bos))

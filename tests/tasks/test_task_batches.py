@@ -19,7 +19,7 @@ from task_checks import ORDER, SOLVERS, check_answers, check_layout  # noqa: E40
 VARIANTS = [(name, {}) for name in ORDER] + [
     ("multiplication", {"max_a_bits": 1}), ("multiplication", {"max_a_bits": 3}),
     ("unique_set", {"symbols": 3}), ("copy_symbols", {"symbols": 2}), ("induct", {"symbols": 2}),
-    ("sparse_parity", {"layout": "pairs"})]
+    ("sparse_parity", {"layout": "pairs"}), ("selective_copy", {"blank_ratio": 2.5}), ("counting", {"variables": 1})]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in options.items()) for name, options in VARIANTS]
 
 
