@@ -137,7 +137,7 @@ def resumed_config(folder: Path) -> tuple[Config, bool]:
 class Trainer:
     """One run's training as named stages around its RunState. A step: the batch (`draw`) ->
     forward and backward (`learn`) -> clip -> optimizer -> EMA. Every log_interval steps
-    (`log`): a metrics.jsonl row, the hooks' values in it, and every checkpoint_interval steps a
+    (`log_row`): a metrics.jsonl row, the hooks' values in it, and every checkpoint_interval steps a
     checkpoint. A hook (tests during training) has `due(step, last)` and `__call__(weights,
     current_max) -> {key: value}`; the seconds it takes are not counted as training time."""
 

@@ -204,3 +204,64 @@ def test_bf16_training_is_refused_where_the_device_lacks_it(tmp_path, monkeypatc
     monkeypatch.setattr(evaluate, "native_bf16", lambda device: True)
     evaluate.evaluate_run(tmp_path / "run", [3], samples=8, progress=False)
     assert used == ["fp32", "bf16"]
+
+
+def test_a_hook_runs_when_due_on_the_tested_weights_and_its_values_join_the_log(tmp_path):
+    """The Trainer calls each hook due after a step (not when it is not), on the weights that
+    are tested, and writes its values into that step's metrics.jsonl row."""
+    from lengthgen.runtime.devices import pick_device
+    from lengthgen.training.distributed import Ranks
+    from lengthgen.training.run_state import RunState
+    from lengthgen.training.trainer import Trainer
+
+    class EveryThird:
+        def __init__(self):
+            self.seen = []
+
+        def due(self, step, last):
+            return step % 3 == 0
+
+        def __call__(self, weights, current_max):
+            self.seen.append(weights)
+            return {"hook@sum": float(sum(p.detach().sum() for p in weights.parameters()))}
+
+    cfg = tiny("train.steps=7", "train.log_interval=100", "train.checkpoint_interval=100")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    device = pick_device("cpu")
+    task, method = get_task("copy"), NextTokenPrediction()
+    state = RunState.start(cfg, method, task, device)
+    hook = EveryThird()
+    Trainer(cfg, folder, task, method, state, Ranks(), device, [hook]).run(progress=False)
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 6, 7]  # logged when the hook was due, and at the end
+    assert [("hook@sum" in r) for r in rows] == [True, True, False]
+    assert len(hook.seen) == 2 and all(w is state.model for w in hook.seen)
+    assert state.step == 7 and (folder / "checkpoints").is_dir()
+
+
+def test_a_run_state_saved_and_restored_continues_exactly(tmp_path):
+    """RunState.save then restore into a fresh state gives the same weights, optimizer moments,
+    data stream and step."""
+    from lengthgen.training.run_state import RunState
+
+    cfg = tiny("train.steps=4", "train.ema=0.9")
+    task, method = get_task("copy"), NextTokenPrediction()
+    state = RunState.start(cfg, method, task, torch.device("cpu"))
+    batch = task.sample(8, 3, state.data)
+    loss = method.loss(state.model, batch)
+    loss.backward()
+    state.optimizer.step()
+    state.update_ema(cfg.train)
+    state.step = 1
+    state.save(tmp_path, cfg)
+    fresh = RunState.start(cfg, method, task, torch.device("cpu"))
+    fresh.restore(tmp_path)
+    assert fresh.step == 1
+    for a, b in zip(state.model.state_dict().values(), fresh.model.state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(state.ema.state_dict().values(), fresh.ema.state_dict().values()):
+        assert torch.equal(a, b)
+    assert torch.equal(state.data.get_state(), fresh.data.get_state())
+    moments = lambda s: [v["exp_avg"] for v in s.optimizer.state_dict()["state"].values()]  # noqa: E731
+    assert all(torch.equal(a, b) for a, b in zip(moments(state), moments(fresh)))
