@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from lengthgen.config.presets import load
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, from_data, parse_lengths, parse_override, to_dict
 from lengthgen.errors import UserError
+from lengthgen.results.metrics_log import METRICS_LOG, PREFIX
 from lengthgen.results.rows import LABELS
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.grid import Job
@@ -263,6 +264,42 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
                             failures=[r["folder"] + ": " + r["error"] for r in failed], layout=layout)
 
 
+LIVE_SECONDS = 3.0  # how often the progress line reads the running runs' logs
+
+
+def last_row(path: Path) -> dict | None:
+    """The last complete row of a metrics.jsonl (None if none yet), read from its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode("utf-8", errors="replace").split("\n")[:-1]  # the last may be unfinished
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            return row
+    return None
+
+
+def live_status(running: list[Job]) -> str:
+    """Each running run as `name step/steps loss L` (and its latest test at the curriculum's
+    maximum), from its training log; runs that have logged nothing yet are left out."""
+    parts = []
+    for job in running:
+        row = last_row(Path(job.folder) / METRICS_LOG)
+        if row is None:
+            continue
+        steps = job.config.get("train", {}).get("steps", "?")
+        test = row.get(f"{PREFIX}max")
+        parts.append(f"{Path(job.folder).name} {row['step']}/{steps} loss {row.get('loss', float('nan')):.3g}"
+                     + (f" acc {test:.2f}" if isinstance(test, (int, float)) else ""))
+    return " | ".join(parts)
+
+
 def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:
     """run_job for every job in `workers` processes; the results in the order they finish."""
     results, start = [], time.perf_counter()
@@ -274,12 +311,20 @@ def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_exit_with,
                                initargs=(os.getpid(),))
     try:
-        futures = [pool.submit(run_job, job) for job in jobs]
-        for fut in tqdm(as_completed(futures), total=len(futures), desc="runs", disable=not progress):
-            res = fut.result()
-            results.append(res)
-            if not res["ok"]:
-                tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
+        futures = {pool.submit(run_job, job): job for job in jobs}
+        pending = set(futures)
+        bar = tqdm(total=len(futures), desc="runs", disable=not progress, dynamic_ncols=True)
+        while pending:  # every few seconds: the runs that finished, and where the running ones are
+            finished, pending = wait(pending, timeout=LIVE_SECONDS, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                res = fut.result()
+                results.append(res)
+                bar.update(1)
+                if not res["ok"]:
+                    tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
+            if progress:
+                bar.set_postfix_str(live_status([futures[f] for f in pending if f.running()]), refresh=True)
+        bar.close()
     except BaseException:
         _stop_workers(pool)  # at once: finished runs are on disk, an unfinished one resumes next time
         raise

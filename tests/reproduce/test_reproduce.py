@@ -294,3 +294,21 @@ def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+def test_the_progress_line_shows_where_each_running_run_is(tmp_path):
+    """Read from each running run's training log: its step of its steps, its loss and its latest
+    test at the curriculum's maximum; an unfinished last line and a run with no log are skipped."""
+    from lengthgen.reproduce.grid import Job
+    from lengthgen.reproduce.runner import last_row, live_status
+
+    a, b, c = (tmp_path / name for name in ("parity-looped-s0", "parity-ntp-s0", "copy-ntp-s0"))
+    a.mkdir()
+    b.mkdir()
+    (a / "metrics.jsonl").write_text('{"step": 100, "loss": 0.5}\n{"step": 200, "loss": 0.25, "test@max": 0.875}\n'
+                                     '{"step": 300, "lo')
+    (b / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": 0.69}}\n' for s in range(1, 2000)))
+    jobs = [Job("parity", arm, 0, "p.toml", [], str(folder), config={"train": {"steps": 600}})
+            for arm, folder in (("looped", a), ("ntp", b), ("ntp", c))]
+    assert last_row(a / "metrics.jsonl")["step"] == 200
+    assert live_status(jobs) == "parity-looped-s0 200/600 loss 0.25 acc 0.88 | parity-ntp-s0 1999/600 loss 0.69"
