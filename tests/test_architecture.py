@@ -5,6 +5,7 @@ planted violation."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,19 @@ def test_the_tests_mirror_the_package():
     assert layers - folders <= set(), f"layers without tests: {sorted(layers - folders)}"
     top = {p.name for p in tests.glob("test_*.py")}
     assert top == {"test_architecture.py", "test_bad_input.py", "test_cli.py", "test_golden.py", "test_scripts.py"}
+
+
+def documented_layers(text: str) -> list[list[str]]:
+    """The modules of each row of docs/architecture.md's layer table, top of the table first."""
+    table = text.split("| layer | what it holds |", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        cell = line.split("|")[1]
+        rows.append(["lengthgen." + name.removesuffix(".py").removesuffix("/").replace("/", ".")
+                     for name in re.findall(r"`([^`]+)`", cell)])
+    return rows
+
+
+def test_the_documented_layer_table_is_the_enforced_order():
+    rows = documented_layers((PACKAGE.parent / "docs" / "architecture.md").read_text())
+    assert rows == [[p for p in prefixes if p != "lengthgen.__main__"] for prefixes in LAYERS]
