@@ -119,10 +119,12 @@ def cmd_report(args) -> None:
     from lengthgen.reporting.report import DEFAULT_LAYOUT
     figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap] + \
         ["training_curves"] * args.curves + \
-        ([{"kind": "gain_by_sparsity", "reference": args.gain_reference}] if args.gain_reference else [])
+        ([{"kind": "gain_by_sparsity", "reference": args.gain_reference}] if args.gain_reference else []) + \
+        ([{"kind": "across_tasks", "rows": args.across_tasks.split(",")}] if args.across_tasks else [])
     command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)] +
                          ["--curves"] * args.curves + (["--gain-reference", args.gain_reference]
-                                                       if args.gain_reference else []))
+                                                       if args.gain_reference else [])
+                         + (["--across-tasks", args.across_tasks] if args.across_tasks else []))
     path = write_report(args.dirs, out, command=command, layout={"figures": figures})
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
@@ -214,6 +216,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--gain-reference", metavar="ARM_OR_RUN",
                    help="also compare every run's per-token losses with the reference runs of this arm (or this "
                         "run folder), paired by seed: G/Δ by dependence sparsity k (docs/sparsity.md)")
+    r.add_argument("--across-tasks", metavar="COLUMNS",
+                   help="also draw accuracy at 2x the training length for each row of these columns (comma list, "
+                        "e.g. arm,position) on every task, ranked by mean reciprocal rank across tasks (docs/matrix.md)")
     r.set_defaults(func=cmd_report)
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
     rp.add_argument("paper", nargs="?", help="a folder name under experiments/ (see --list) or a folder holding a grid.toml")

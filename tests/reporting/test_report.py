@@ -166,3 +166,17 @@ def test_a_figure_over_an_option_no_run_swept_is_skipped_with_a_note(tmp_path):
     assert "(no run swept k: no heatmap figure)" in report and "(no run swept k: no accuracy_vs_option figure)" in report
     assert (tmp_path / "out" / "accuracy_vs_length.png").exists()
     assert not list((tmp_path / "out").glob("*_by_length_and_*.png"))
+
+
+def test_report_across_tasks_ranks_each_scheme_on_every_task(tmp_path, capsys):
+    """`--across-tasks position`: a cell per scheme and task at 2x the training length, ranked."""
+    values = {("parity", "rope"): 0.5, ("parity", "nope"): 0.9, ("copy", "rope"): 0.8, ("copy", "nope"): 0.8}
+    for (task, position), accuracy in values.items():
+        write_run(tmp_path / "runs" / f"{task}-{position}", lengths=(4, 8), task=task, position=position,
+                  accuracy=accuracy)
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--across-tasks", "position"]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "--across-tasks position" in text and (tmp_path / "out" / "across_tasks_accuracy_at_2x.png").is_file()
+    ranked = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    # nope: rank 1 on both (MRR 1); rope: rank 2 on parity, tied first on copy (MRR 0.75)
+    assert ranked == ["| 1 | nope | 1.000 | 0.800 (1) | 0.900 (1) |", "| 2 | rope | 0.750 | 0.800 (1) | 0.500 (1) |"]
