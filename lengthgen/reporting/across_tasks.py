@@ -75,7 +75,11 @@ def plot_across_tasks(table: dict[tuple, dict], order: list[tuple], tasks: list[
 
 def section(spec: dict, agg: list[dict], out: Path, cell_text) -> list[str]:
     """The report's across-tasks section: heatmap, ranking and table (`cell_text` formats a cell)."""
-    metric, at, rows_by = spec.get("metric", "accuracy"), float(spec.get("at", 2.0)), list(spec.get("rows", ["arm"]))
+    metric, at, rows_by = spec.get("metric", "accuracy"), spec.get("at", 2.0), spec.get("rows", ["arm"])
+    if not (isinstance(rows_by, list) and rows_by and all(isinstance(c, str) for c in rows_by)):
+        raise UserError(f"across_tasks rows must be a list of column names, e.g. [\"arm\", \"position\"]; got {rows_by!r}")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or at <= 0:
+        raise UserError(f"across_tasks at must be a positive multiple of the training length; got {at!r}")
     table = cells(agg, rows_by, at)
     if not table:
         return [f"(no series was evaluated at {at:g}× its training length: no across-tasks table)", ""]

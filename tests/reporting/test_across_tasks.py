@@ -116,3 +116,10 @@ def test_a_toy_matrix_is_reproduced_and_ranked(tmp_path):
     for line in table:
         cells_ = [c.strip() for c in line.strip("|").split("|")]
         assert 0 < float(cells_[2]) <= 1 and all("(2)" in c for c in cells_[3:5])  # MRR, then two seeds per cell
+
+
+@pytest.mark.parametrize("spec, needle", [({"rows": "arm"}, "rows must be a list"), ({"at": 0}, "at must be a positive")])
+def test_bad_across_tasks_settings_are_one_line_errors(tmp_path, spec, needle):
+    from lengthgen.reporting.across_tasks import section
+    with pytest.raises(UserError, match=needle):
+        section(spec, [agg_row("parity", "plain", "rope", 16, 8, 0.5)], tmp_path, str)
