@@ -18,11 +18,19 @@ Hours on this device = seconds per step x steps x seeds. Estimated GPU hours = t
 FLOPs / --tflops (sustained throughput) and ops x --launch-us, x steps x seeds: a roofline of
 compute against eager-mode launch overhead. Both are assumptions, stated in the output; on a
 GPU, run this with --device cuda and read the measured column instead.
+--compile compiles each run's blocks as `train.compile` does (lengthgen.model.compiling) and
+counts, from torch's profiler, the kernels a compiled step runs: inductor's fused kernels and
+the operators outside them that launch one (views and other metadata-only operators are not
+counted), eager and compiled. On CUDA `train.compile` replays each compiled block as a CUDA
+graph, one launch a call, so the launch bound is re-estimated from the kernels outside the
+compiled blocks plus one launch per compiled-block call ("launches with graphs"). Counted on
+this CPU, inductor fuses as it would for CUDA up to the backend's choices (C++ loops here,
+Triton there), so the counts are an estimate of a GPU's; --device cuda measures the real step.
 --batch-fraction F measures a batch F times smaller and scales FLOPs and seconds by F (for
 paper-scale batches that do not fit this machine's memory; operators do not depend on it).
 
     python benchmarks/paper_hours.py looped [--scale paper] [--steps 2] [--device cpu] \
-        [--batch-fraction 1] [--tflops 100] [--launch-us 10] [--tasks parity,copy] [--arms looped]
+        [--batch-fraction 1] [--tflops 100] [--launch-us 10] [--tasks parity,copy] [--arms looped] [--compile]
 """
 from __future__ import annotations
 
@@ -33,11 +41,14 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
+from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lengthgen.config.presets import load
 from lengthgen.methods.registry import get_method
+from lengthgen.model import compiling
 from lengthgen.model.position_transforms import build_transform
 from lengthgen.reproduce import grid as grids
 from lengthgen.tasks import get_task
@@ -58,8 +69,44 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def step_cost(cfg, device: torch.device, fraction: int, steps: int) -> tuple[float, int, float | None]:
-    """(FLOPs, operators, seconds) of one training step of `cfg` at its longest training lengths."""
+# operators that run no kernel: views, metadata, allocation, and p = 0 dropout's identity
+NO_KERNEL = {f"aten::{name}" for name in (
+    "view", "_unsafe_view", "_reshape_alias", "reshape", "as_strided", "alias", "detach", "t", "transpose",
+    "permute", "expand", "unsqueeze", "squeeze", "slice", "select", "narrow", "split", "split_with_sizes",
+    "chunk", "unbind", "unflatten", "flatten", "contiguous", "to", "_to_copy", "empty", "empty_strided",
+    "empty_like", "resize_", "set_", "lift_fresh", "resolve_conj", "resolve_neg", "result_type", "dropout")}
+GRAPH_CALLS = ("CompiledFunction", "CompiledFunctionBackward")  # one compiled block's forward / backward
+
+
+def is_kernel(name: str) -> bool:
+    return "cpp_fused" in name or "triton_" in name or (name.startswith("aten::") and name not in NO_KERNEL)
+
+
+def kernel_counts(step) -> tuple[int, int]:
+    """(kernels, launches with graphs) of one call of `step`, from torch's profiler: kernels are
+    inductor's fused kernels and the aten operators with no kernel-running operator inside them;
+    with graphs, each compiled block's forward or backward call is one launch, plus the kernels
+    outside them."""
+    inductor_config.cpp.enable_kernel_profile = True  # names inductor's C++ kernels in the profile
+    with profile() as prof:
+        step()
+    kernels = outside = graphs = 0
+    for event in prof.events():
+        if event.name in GRAPH_CALLS:
+            graphs += 1
+        if not is_kernel(event.name) or any(is_kernel(child.name) for child in event.cpu_children):
+            continue
+        kernels += 1
+        parent = event.cpu_parent
+        while parent is not None and parent.name not in GRAPH_CALLS:
+            parent = parent.cpu_parent
+        outside += parent is None
+    return kernels, outside + graphs
+
+
+def step_cost(cfg, device: torch.device, fraction: int, steps: int, compile: bool = False) -> dict:
+    """FLOPs, operators and seconds of one training step of `cfg` at its longest training lengths;
+    with `compile`, also its kernels eager and compiled, and launches with CUDA graphs."""
     cfg.train.batch_size //= fraction
     cfg.train.data_shards = 1
     task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
@@ -81,6 +128,14 @@ def step_cost(cfg, device: torch.device, fraction: int, steps: int) -> tuple[flo
     flops, ops = FlopCounterMode(display=False), OpCounter()
     with flops, ops:  # also the warm-up of the timed steps
         one_step(0)
+    cost = {"flops": flops.get_total_flops() * fraction, "ops": ops.ops}
+    if compile:
+        cost["kernels eager"] = kernel_counts(lambda: one_step(0))[0]
+        torch._dynamo.reset()
+        compiling.compile_blocks(model, device, "--compile")
+        for step in range(3):  # compiles, then runs warm: the same batch shapes as counted
+            one_step(0)
+        cost["kernels compiled"], cost["launches"] = kernel_counts(lambda: one_step(0))
     times = []
     for step in range(1, steps + 1):
         if device.type == "cuda":
@@ -90,8 +145,8 @@ def step_cost(cfg, device: torch.device, fraction: int, steps: int) -> tuple[flo
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    seconds = statistics.median(times) * fraction if times else None
-    return flops.get_total_flops() * fraction, ops.ops, seconds
+    cost["seconds"] = statistics.median(times) * fraction if times else None
+    return cost
 
 
 def main() -> None:
@@ -107,6 +162,8 @@ def main() -> None:
     p.add_argument("--tflops", type=float, default=100.0,
                    help="assumed sustained GPU TFLOP/s (100: an A100's bf16 peak of 312 at about a third)")
     p.add_argument("--launch-us", type=float, default=10.0, help="assumed GPU microseconds per operator (eager mode)")
+    p.add_argument("--compile", action="store_true",
+                   help="also count the kernels of a compiled step; GPU launches are then those with CUDA graphs")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -121,24 +178,28 @@ def main() -> None:
     print(f"{grid.name} at scale {args.scale}: {len(jobs)} runs x {seeds} seeds; device {device}, "
           f"{torch.get_num_threads()} threads; GPU model: max(FLOPs / {args.tflops:g} TFLOP/s, "
           f"ops x {args.launch_us:g} us)")
-    print("| run | steps | batch | GFLOP/step | ops/step | s/step here | hours here | GPU h compute | GPU h launches "
-          "| est. GPU hours |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    kernels = " kernels eager | kernels compiled | launches with graphs |" if args.compile else ""
+    print(f"| run | steps | batch | GFLOP/step | ops/step |{kernels} s/step here | hours here | GPU h compute "
+          "| GPU h launches | est. GPU hours |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * 3 * args.compile)
     totals = [0.0] * 4  # hours here, compute, launches, estimate
     for job in jobs:
         cfg = load(job.preset, job.overrides)
         steps, batch = cfg.train.steps, cfg.train.batch_size
-        flops, ops, seconds = step_cost(cfg, device, args.batch_fraction, args.steps)
+        cost = step_cost(cfg, device, args.batch_fraction, args.steps, args.compile)
+        flops, ops, seconds = cost["flops"], cost["ops"], cost["seconds"]
+        launches = cost["launches"] if args.compile else ops
         runs = steps * seeds / 3600
         hours = [seconds * runs if seconds is not None else 0.0, flops / (args.tflops * 1e12) * runs,
-                 ops * args.launch_us * 1e-6 * runs]
+                 launches * args.launch_us * 1e-6 * runs]
         hours.append(max(hours[1], hours[2]))
         totals = [t + h for t, h in zip(totals, hours)]
         name = Path(job.folder).name.rsplit("-s", 1)[0]
         measured = f"{seconds:.2f} | {hours[0]:,.0f}" if seconds is not None else " | "
-        print(f"| {name} | {steps} | {batch} | {flops / 1e9:.1f} | {ops} | {measured} | {hours[1]:,.2f} | "
+        counts = "".join(f" {cost[k]} |" for k in ("kernels eager", "kernels compiled", "launches")) if args.compile else ""
+        print(f"| {name} | {steps} | {batch} | {flops / 1e9:.1f} | {ops} |{counts} {measured} | {hours[1]:,.2f} | "
               f"{hours[2]:,.1f} | {hours[3]:,.1f} |", flush=True)
-    print(f"| **total** ({seeds} seeds) | | | | | | {totals[0]:,.0f} | {totals[1]:,.1f} | {totals[2]:,.0f} "
+    print(f"| **total** ({seeds} seeds) | | | | |{' |' * 3 * args.compile} | {totals[0]:,.0f} | {totals[1]:,.1f} | {totals[2]:,.0f} "
           f"| {totals[3]:,.0f} |")
 
 

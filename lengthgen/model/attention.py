@@ -191,21 +191,32 @@ class Packed:
                 self.runs[-1] = (self.runs[-1][0] + 1, w)
             else:
                 self.runs.append((1, w))
+        self.uniform = len(self.runs) == 1 and self.capacity == self.tokens
+
+    def pad(self, x: Tensor) -> Tensor:
+        """(capacity or tokens, C) tokens -> (k, W, C) rows, zeros past each row's end."""
+        if self.uniform:  # every row one width (one length per batch): a view, and no graph break
+            return x.view(self.rows, self.width, x.shape[-1])
+        return self.pad_runs(x)
+
+    def unpad(self, y: Tensor) -> Tensor:
+        """(k, W, C) rows -> (capacity, C) tokens, zeros after the last real one."""
+        if self.uniform:
+            return y.reshape(self.tokens, y.shape[-1])
+        return self.unpad_runs(y)
 
     # Run eagerly inside a compiled block (train.compile): the runs are Python integers that change
     # with every batch's widths, and a traced pad would be recompiled for each layout (8 graphs in
     # 8 steps of a tiny looped Parity run, then torch gives up); outside the graph they cost nothing.
     @torch.compiler.disable
-    def pad(self, x: Tensor) -> Tensor:
-        """(capacity or tokens, C) tokens -> (k, W, C) rows, zeros past each row's end."""
+    def pad_runs(self, x: Tensor) -> Tensor:
         C, W = x.shape[-1], self.width
         runs = x.split([rows * w for rows, w in self.runs] + [x.shape[0] - self.tokens])
         parts = [F.pad(run.view(rows, w, C), (0, 0, 0, W - w)) for run, (rows, w) in zip(runs, self.runs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.compiler.disable
-    def unpad(self, y: Tensor) -> Tensor:
-        """(k, W, C) rows -> (capacity, C) tokens, zeros after the last real one."""
+    def unpad_runs(self, y: Tensor) -> Tensor:
         C = y.shape[-1]
         runs = y.split([rows for rows, _ in self.runs])
         parts = [run[:, :w].reshape(rows * w, C) for run, (rows, w) in zip(runs, self.runs)]

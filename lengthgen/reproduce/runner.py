@@ -300,6 +300,13 @@ def live_status(running: list[Job]) -> str:
     return " | ".join(parts)
 
 
+def running_jobs(futures: dict, pending: set, workers: int) -> list[Job]:
+    """The jobs that are training now. The pool marks one job more than it has workers as
+    running (it queues it ahead), and that job, the last one submitted, has not started: left
+    in, a finished run being checked and skipped would show as running at its last step."""
+    return [job for future, job in futures.items() if future in pending and future.running()][:workers]
+
+
 def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:
     """run_job for every job in `workers` processes; the results in the order they finish."""
     results, start = [], time.perf_counter()
@@ -323,7 +330,7 @@ def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:
                 if not res["ok"]:
                     tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
             if progress:
-                bar.set_postfix_str(live_status([futures[f] for f in pending if f.running()]), refresh=True)
+                bar.set_postfix_str(live_status(running_jobs(futures, pending, workers)), refresh=True)
         bar.close()
     except BaseException:
         _stop_workers(pool)  # at once: finished runs are on disk, an unfinished one resumes next time

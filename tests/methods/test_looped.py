@@ -103,6 +103,15 @@ def test_packed_rows_round_trip(widths):
     assert torch.equal(rounded.pad(padded), rows)
 
 
+def test_rows_of_one_width_are_views_with_the_values_of_the_general_path():
+    layout = Packed([4, 4, 4])  # one length per batch, as every CPU preset trains
+    tokens = torch.randn(12, 6)
+    rows = layout.pad(tokens)
+    assert layout.uniform and rows.data_ptr() == tokens.data_ptr()  # no copy, and no graph break when compiled
+    assert torch.equal(rows, layout.pad_runs(tokens)) and torch.equal(layout.unpad(rows), layout.unpad_runs(rows))
+    assert not Packed([4, 4, 3]).uniform and not Packed([4, 4, 4], multiple=8).uniform  # 12 tokens in 16 rows
+
+
 def test_loss_is_mean_over_scored_tokens():
     model, batch = tiny(), mixed_batch()
     logits = oracle_logits(model, batch, "max")

@@ -312,3 +312,20 @@ def test_the_progress_line_shows_where_each_running_run_is(tmp_path):
             for arm, folder in (("looped", a), ("ntp", b), ("ntp", c))]
     assert last_row(a / "metrics.jsonl")["step"] == 200
     assert live_status(jobs) == "parity-looped-s0 200/600 loss 0.25 acc 0.88 | parity-ntp-s0 1999/600 loss 0.69"
+
+
+def test_the_job_queued_ahead_of_a_free_worker_is_not_shown_as_running():
+    from concurrent.futures import Future
+
+    from lengthgen.reproduce.runner import running_jobs
+
+    futures = {}
+    for name in ("done", "first", "second", "queued", "waiting"):
+        future = Future()
+        if name != "waiting":
+            future.set_running_or_notify_cancel()  # what the pool does to the jobs it hands out
+        futures[future] = name
+    done = next(iter(futures))
+    done.set_result(None)
+    pending = set(futures) - {done}
+    assert running_jobs(futures, pending, workers=2) == ["first", "second"]
