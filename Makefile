@@ -40,7 +40,7 @@ demo: install
 # Every test, on every core (one worker per core; a test file's tests share a worker, so its
 # module fixtures are built once). CI runs this.
 test: install
-	$(BIN)/python -m pytest -q -n auto --dist loadscope
+	$(BIN)/python -m pytest -q -n auto --dist loadscope --durations=15
 
 # The quick loop while editing: every test but the slow ones (runs that must learn, processes, grids).
 test-fast: install

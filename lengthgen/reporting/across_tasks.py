@@ -2,7 +2,8 @@
 series' own training maximum (accuracy at 2x by default), where a row is the values of the
 columns the layout names (e.g. arm and positional scheme); a heatmap of the cells, their table
 with standard errors and the chance of a random guess, and the rows ranked by mean reciprocal
-rank across tasks, as Kazemnejad et al. (NeurIPS 2023) rank positional encodings."""
+rank across tasks, as Kazemnejad et al. (NeurIPS 2023) rank positional encodings: over every task,
+and over the tasks that separate the rows (some row well above chance), which order them."""
 from __future__ import annotations
 
 import math
@@ -50,6 +51,18 @@ def mean_reciprocal_rank(table: dict[tuple, dict], metric: str) -> dict[tuple, f
     return {row: sum(r) / len(r) for row, r in reciprocal.items()}
 
 
+def separating(table: dict[tuple, dict], metric: str, gain: float) -> list[str]:
+    """The tasks where some row's mean closes at least `gain` of the gap from the random guess to
+    a perfect score. In the others every row is near chance, and the order of their means, read
+    from noise, would rank the rows all the same."""
+    best, chance = defaultdict(lambda: -math.inf), {}
+    for (_, task), a in table.items():
+        best[task] = max(best[task], a[metric]) if math.isfinite(a[metric]) else best[task]
+        chance[task] = a["baseline"]
+    return sorted(t for t in best if math.isfinite(chance[t]) and chance[t] < 1
+                  and (best[t] - chance[t]) / (1 - chance[t]) >= gain)
+
+
 def label(row: tuple) -> str:
     return " · ".join(v for v in row if v) or "(all)"
 
@@ -80,27 +93,39 @@ def section(spec: dict, agg: list[dict], out: Path, cell_text) -> list[str]:
         raise UserError(f"across_tasks rows must be a list of column names, e.g. [\"arm\", \"position\"]; got {rows_by!r}")
     if isinstance(at, bool) or not isinstance(at, (int, float)) or at <= 0:
         raise UserError(f"across_tasks at must be a positive multiple of the training length; got {at!r}")
+    gain = spec.get("separating", 0.1)
+    if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain <= 1:
+        raise UserError(f"across_tasks separating must be a fraction of the gap from chance to perfect, 0..1; got {gain!r}")
     table = cells(agg, rows_by, at)
     if not table:
         return [f"(no series was evaluated at {at:g}× its training length: no across-tasks table)", ""]
     tasks = sorted({t for _, t in table})
     mrr = mean_reciprocal_rank(table, metric)
-    order = sorted(mrr, key=lambda r: (-mrr[r], label(r)))
+    kept = separating(table, metric, gain) if metric.endswith("accuracy") else tasks
+    learned = mean_reciprocal_rank({k: a for k, a in table.items() if k[1] in kept}, metric)
+    key = learned if learned else mrr  # rank by the tasks that separate the rows, where there are any
+    order = sorted(mrr, key=lambda r: (-key.get(r, 0.0), -mrr[r], label(r)))
     name = f"across_tasks_{metric}_at_{at:g}x.png"
     plot_across_tasks(table, order, tasks, out / name, metric, f"{metric} at {at:g}× the training length, mean over seeds")
-    ranked = ranks(mrr)
+    ranked = ranks({r: key.get(r, 0.0) for r in mrr})
+    left_out = [t for t in tasks if t not in kept]
     lines = [f"## {metric} at {at:g}× the training length: every {' × '.join(rows_by)} on every task", "",
              f"Each cell: {metric} at the first evaluated length at or beyond {at:g}× the series' own longest "
-             "training length, mean over seeds. Rows are ordered by mean reciprocal rank (MRR) across tasks: in "
-             "each task the rows are ranked by that mean (equal means share the better rank), and a row's MRR is "
-             "the mean of 1 / rank over the tasks it ran (1 = best everywhere).", "", f"![{metric} across tasks]({name})", "",
-             "| rank | " + " · ".join(rows_by) + " | MRR | " + " | ".join(tasks) + " |",
-             "|---:|---|---:|" + "---:|" * len(tasks)]
+             "training length, mean over seeds. In each task the rows are ranked by that mean (equal means share "
+             "the better rank); a row's mean reciprocal rank (MRR, as Kazemnejad et al. rank positional encodings) "
+             "is the mean of 1 / rank over the tasks it ran (1 = best everywhere). `MRR` counts every task; "
+             f"`MRR, separating` only the tasks where some row closes at least {gain:g} of the gap from the random "
+             "guess to a perfect score, and orders the rows: elsewhere every row is near chance and its rank is "
+             "noise." + (f" Left out of it here: {', '.join(left_out)}." if left_out else ""), "",
+             f"![{metric} across tasks]({name})", "",
+             "| rank | " + " · ".join(rows_by) + " | MRR, separating | MRR | " + " | ".join(tasks) + " |",
+             "|---:|---|---:|---:|" + "---:|" * len(tasks)]
     for row in order:
-        lines.append(f"| {ranked[row]} | {label(row)} | {mrr[row]:.3f} | "
+        lines.append(f"| {ranked[row]} | {label(row)} | "
+                     + (f"{learned[row]:.3f}" if row in learned else "–") + f" | {mrr[row]:.3f} | "
                      + " | ".join(cell_text(table.get((row, t)), metric) for t in tasks) + " |")
     chance = {t: next((a["baseline"] for (r, task), a in table.items() if task == t), math.nan) for t in tasks}
     lengths = {t: sorted({a["length"] for (r, task), a in table.items() if task == t}) for t in tasks}
-    lines += ["| | random guess | | " + " | ".join(f"{chance[t]:.2g}" for t in tasks) + " |",
-              "| | length | | " + " | ".join(",".join(map(str, lengths[t])) for t in tasks) + " |", ""]
+    lines += ["| | random guess | | | " + " | ".join(f"{chance[t]:.2g}" for t in tasks) + " |",
+              "| | length | | | " + " | ".join(",".join(map(str, lengths[t])) for t in tasks) + " |", ""]
     return lines

@@ -296,7 +296,7 @@ FIGURES = {
     "attention": Figure(frozenset({"task", "arm", "options", "length"}), draw_attention, ("task",)),
     "accuracy_vs_option": Figure(frozenset({"x", "length", "metric"}), draw_accuracy_vs_option, ("x",), ("x",)),
     "training_curves": Figure(frozenset(), draw_training_curves),
-    "across_tasks": Figure(frozenset({"at", "rows", "metric"}), draw_across_tasks),
+    "across_tasks": Figure(frozenset({"at", "rows", "metric", "separating"}), draw_across_tasks),
     "position_loss": Figure(frozenset({"windows"}), draw_position_loss),
     "gain_by_sparsity": Figure(frozenset({"reference", "buckets", "select", "examples"}), draw_gain_by_sparsity,
                                ("reference",)),

@@ -1,5 +1,6 @@
 """Trained per-sample stopping: the losses of looped-halt, looped-uncertain and looped-clock
-against brute force, the `halt` and `first-confident` rules, and tiny runs that learn to halt."""
+against brute force, and the `halt` and `first-confident` rules (the tiny runs that must learn
+to halt: test_halting_learns.py)."""
 import math
 
 import pytest
@@ -203,47 +204,6 @@ def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
         evaluate_run(tmp_path / "run", [2], 8, stops=["oracle", "halt"], progress=False)
 
 
-def train_tiny_parity(folder, method, steps, warmup):
-    """(task, method, model) of a tiny Parity run on lengths up to 6, trained into `folder`."""
-    from lengthgen.evaluation.evaluate import load_run
-    from lengthgen.training.trainer import train
-    cfg = presets.load(None, [
-        f"method={method}", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
-        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "train.lr=1e-3",
-        "train.batch_size=32", f"train.warmup_steps={warmup}", "train.curriculum_start=2",
-        "train.curriculum_interval=40", f"train.log_interval={steps // 2}", f"train.checkpoint_interval={steps}",
-        "train.device=cpu"])
-    train(cfg, folder, progress=False)
-    _, task, method, model, _ = load_run(folder, torch.device("cpu"))
-    return task, method, model
-
-
-@pytest.mark.slow
-def test_looped_halt_learns_to_stop_at_t_n(tmp_path):
-    """A tiny Parity run: the halting head must fire at T(n) on the training lengths, so the
-    rule reads out what the oracle reads out (whether the answer itself is learnt yet is
-    test_looped_learns_parity's question)."""
-    from lengthgen.evaluation.evaluate import eval_batches
-    task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt", 600, 20)
-    for n in (2, 4, 6):
-        batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
-        pred, steps = method.predict_stop(model, batch, "halt")
-        oracle, _ = method.predict_stop(model, batch, "oracle")
-        same = ((pred == oracle) | ~batch.scored).all(1).float().mean()
-        assert float((steps == n).float().mean()) >= 0.9 and float(same) >= 0.9, (n, steps.tolist()[:10], same)
-
-
-@pytest.mark.slow
-def test_looped_clock_learns_to_stop_at_t_n(tmp_path):
-    """The clock must read T(n) at the training lengths of a tiny Parity run."""
-    from lengthgen.evaluation.evaluate import eval_batches
-    task, method, model = train_tiny_parity(tmp_path / "run", "looped-clock", 600, 20)
-    for n in (2, 4, 6):
-        batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
-        _, steps = method.predict_stop(model, batch, "halt")
-        assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
-
-
 def test_pooled_states_are_the_answer_and_question_means():
     h = torch.randn(2, 6, 3)
     scored = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 1, 0, 1, 0, 0]], dtype=torch.bool)
@@ -306,18 +266,6 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     for key, value in plain.items():
         assert torch.equal(probed[key], value), key
     assert float(probed["halt_head.std"].sub(1).abs().sum()) > 0  # fitted after the last step
-
-
-@pytest.mark.slow
-def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
-    """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
-    training lengths (whether it does beyond them is docs/results.md's question)."""
-    from lengthgen.evaluation.evaluate import eval_batches
-    task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt-probe", 1500, 50)
-    for n in (2, 4, 6):
-        batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
-        _, steps = method.predict_stop(model, batch, "halt")
-        assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
 
 
 @pytest.mark.slow

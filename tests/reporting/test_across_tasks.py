@@ -11,7 +11,7 @@ import pytest
 from lengthgen.config.schema import parse_lengths
 from lengthgen.errors import UserError
 from lengthgen.model.positions import SCHEMES
-from lengthgen.reporting.across_tasks import cells, mean_reciprocal_rank, ranks
+from lengthgen.reporting.across_tasks import cells, mean_reciprocal_rank, ranks, section, separating
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.runner import reproduce
 from toy_papers import toy_paper, toy_preset
@@ -55,6 +55,24 @@ def test_ranks_and_mean_reciprocal_rank_match_a_brute_force_count():
 
 def test_a_missing_value_ranks_last_and_ties_share_the_better_rank():
     assert ranks({"a": 1.0, "b": 1.0, "c": 0.5, "d": math.nan}) == {"a": 1, "b": 1, "c": 3, "d": 4}
+
+
+def test_only_tasks_some_row_learns_order_the_rows(tmp_path):
+    """Parity (chance 0.5): rope reaches 0.9, (0.9 - 0.5) / 0.5 = 0.8 of the gap; copy (chance 0.001):
+    nothing above 0.05, every rank there is noise, yet it would put nope first by the MRR of
+    every task."""
+    agg = [agg_row("parity", "plain", "rope", 16, 8, 0.9), agg_row("parity", "plain", "nope", 16, 8, 0.5)]
+    for position, accuracy in (("rope", 0.0), ("nope", 0.05)):
+        agg.append({**agg_row("copy", "plain", position, 16, 8, accuracy), "baseline": 0.001})
+    table = cells(agg, ["arm", "position"], 2.0)
+    assert separating(table, "accuracy", 0.1) == ["parity"]
+    assert separating(table, "accuracy", 0.04) == ["copy", "parity"]  # 0.05 closes 0.049 of copy's gap
+    assert separating(table, "accuracy", 0.81) == []
+    lines = section({"rows": ["arm", "position"]}, agg, tmp_path, lambda a, m: f"{a[m]:.2f}" if a else "-")
+    rows = [line for line in lines if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert rows[0].startswith("| 1 | plain · rope | 1.000 | 0.750 |")  # first by parity, though both MRRs are 0.75
+    assert rows[1].startswith("| 2 | plain · nope | 0.500 | 0.750 |")
+    assert any("Left out of it here: copy." in line for line in lines)
 
 
 def test_cells_read_each_series_at_twice_its_own_training_length():
@@ -115,10 +133,11 @@ def test_a_toy_matrix_is_reproduced_and_ranked(tmp_path):
     assert len(table) == 4  # plain/looped x nope/rope
     for line in table:
         cells_ = [c.strip() for c in line.strip("|").split("|")]
-        assert 0 < float(cells_[2]) <= 1 and all("(2)" in c for c in cells_[3:5])  # MRR, then two seeds per cell
+        assert 0 < float(cells_[3]) <= 1 and all("(2)" in c for c in cells_[4:6])  # MRR, then two seeds per cell
 
 
-@pytest.mark.parametrize("spec, needle", [({"rows": "arm"}, "rows must be a list"), ({"at": 0}, "at must be a positive")])
+@pytest.mark.parametrize("spec, needle", [({"rows": "arm"}, "rows must be a list"), ({"at": 0}, "at must be a positive"),
+                                         ({"separating": 2}, "separating must be a fraction")])
 def test_bad_across_tasks_settings_are_one_line_errors(tmp_path, spec, needle):
     from lengthgen.reporting.across_tasks import section
     with pytest.raises(UserError, match=needle):

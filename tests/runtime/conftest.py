@@ -8,6 +8,7 @@ import pytest
 
 from lengthgen.cli import main
 from tiny_runs import train_cli
+from toy_papers import positions_grid, toy_paper, toy_preset
 
 
 @pytest.fixture(scope="module")
@@ -22,3 +23,10 @@ def run(tmp_path_factory) -> Path:
 def copy(run, tmp_path) -> Path:
     shutil.copytree(run, tmp_path / "run")
     return tmp_path / "run"
+
+
+@pytest.fixture
+def toy(tmp_path) -> Path:
+    """A folder holding a toy paper (a positions grid on Parity, 40 steps), for the kill tests."""
+    toy_paper(tmp_path / "toy", positions_grid("Faults"), {"parity": toy_preset(steps=40, lengths="2,4,8", samples=32)})
+    return tmp_path
