@@ -245,7 +245,8 @@ def test_the_tests_mirror_the_package():
     assert folders <= layers, f"test folders without a layer: {sorted(folders - layers)}"
     assert layers - folders <= set(), f"layers without tests: {sorted(layers - folders)}"
     top = {p.name for p in tests.glob("test_*.py")}
-    assert top == {"test_architecture.py", "test_bad_input.py", "test_cli.py", "test_golden.py", "test_scripts.py"}
+    assert top == {"test_architecture.py", "test_bad_input.py", "test_benchmarks.py", "test_cli.py", "test_golden.py",
+                   "test_scripts.py"}
 
 
 def documented_layers(text: str) -> list[list[str]]:
