@@ -242,7 +242,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
     sweep = cfg.eval.sweep if sweep is None else sweep
     own = task.metric_names + method.metric_names  # the row's own metric columns, named in its `metrics` cell
-    clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(own) | {"metrics"} | set(labels))
+    clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(own) | set(labels))
     if clash:
         raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
     variants = sweep_variants(sweep)

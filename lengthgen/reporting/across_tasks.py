@@ -102,8 +102,8 @@ def section(spec: dict, agg: list[dict], out: Path, cell_text) -> list[str]:
     tasks = sorted({t for _, t in table})
     mrr = mean_reciprocal_rank(table, metric)
     kept = separating(table, metric, gain) if metric.endswith("accuracy") else tasks
-    learned = mean_reciprocal_rank({k: a for k, a in table.items() if k[1] in kept}, metric)
-    key = learned if learned else mrr  # rank by the tasks that separate the rows, where there are any
+    on_separating = mean_reciprocal_rank({k: a for k, a in table.items() if k[1] in kept}, metric)
+    key = on_separating if on_separating else mrr  # rank by the tasks that separate the rows, where there are any
     order = sorted(mrr, key=lambda r: (-key.get(r, 0.0), -mrr[r], label(r)))
     name = f"across_tasks_{metric}_at_{at:g}x.png"
     plot_across_tasks(table, order, tasks, out / name, metric, f"{metric} at {at:g}× the training length, mean over seeds")
@@ -122,7 +122,7 @@ def section(spec: dict, agg: list[dict], out: Path, cell_text) -> list[str]:
              "|---:|---|---:|---:|" + "---:|" * len(tasks)]
     for row in order:
         lines.append(f"| {ranked[row]} | {label(row)} | "
-                     + (f"{learned[row]:.3f}" if row in learned else "–") + f" | {mrr[row]:.3f} | "
+                     + (f"{on_separating[row]:.3f}" if row in on_separating else "–") + f" | {mrr[row]:.3f} | "
                      + " | ".join(cell_text(table.get((row, t)), metric) for t in tasks) + " |")
     chance = {t: next((a["baseline"] for (r, task), a in table.items() if task == t), math.nan) for t in tasks}
     lengths = {t: sorted({a["length"] for (r, task), a in table.items() if task == t}) for t in tasks}
