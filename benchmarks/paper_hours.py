@@ -120,6 +120,8 @@ def step_cost(cfg, device: torch.device, fraction: int, steps: int, compile: boo
     def one_step(step: int) -> None:
         batches = draw_batches(cfg, task, transform, step, cfg.task.train_max, data, range(1))
         optimizer.zero_grad(set_to_none=True)
+        if compile and device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # as training does (lengthgen.training.trainer)
         backward(loss_of, batches, cfg, step, range(1), device)
         if tr.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)

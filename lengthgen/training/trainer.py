@@ -162,6 +162,9 @@ class Trainer:
         """Gradients of the step's loss; a block that fails to compile runs eagerly from here on."""
         optimizer = self.state.optimizer
         optimizer.zero_grad(set_to_none=True)
+        if self.compiled and self.device.type == "cuda":
+            # a new step for CUDA graph trees: the graphs' output buffers from the last step may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         try:
             return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
         except Exception as err:
