@@ -11,7 +11,8 @@ either way), forward + backward over the (B * H, T, T) logits.
 A third table (--narrow) tries the other ways to compute attention for heads of width 4 (the
 looped Parity presets' 16 or 64 heads), fp32, from the (B, T, H, Dh) layout the projection
 gives: one batched matmul per product, a broadcast multiply-and-sum with the heads innermost,
-and one matmul against block-diagonal keys and values (H times the FLOPs, but dense shapes).
+and one matmul against block-diagonal keys and values (H times the FLOPs, but dense shapes), and
+the C kernel lengthgen takes there (lengthgen/model/narrow_attention.py; one thread).
 
     python benchmarks/attention_paths.py [--repeats 20] [--narrow]
 """
@@ -23,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from lengthgen.model import narrow_attention
 from lengthgen.model.attention import math_causal_attention
 from lengthgen.runtime.devices import native_bf16
 
@@ -77,8 +79,12 @@ def block_diagonal(q, k, v):
 def narrow(repeats: int) -> None:
     sdpa = lambda q, k, v: F.scaled_dot_product_attention(  # noqa: E731
         *(x.transpose(1, 2) for x in (q, k, v)), is_causal=True).transpose(1, 2)
+    kernel = lambda q, k, v: narrow_attention.attend(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)  # noqa: E731
     paths = {"sdpa": sdpa, "batched matmul": batched_matmul, "broadcast": broadcast, "block-diagonal": block_diagonal}
-    print("\nheads of width 4, fp32, forward + backward, median ms (x sdpa)")
+    if narrow_attention.library() is not None:
+        paths["narrow kernel"] = kernel
+    torch.set_num_threads(1)  # as the reproductions run each job; the kernel runs on one thread only
+    print("\nheads of width 4, fp32, forward + backward, one thread, median ms (x sdpa)")
     print(f"{'shape':<32} " + " ".join(f"{name:>20}" for name in paths))
     for name, (B, H, T, Dh) in SHAPES.items():
         if Dh > 8:

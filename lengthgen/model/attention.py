@@ -7,6 +7,8 @@
            batched matmuls and a float32 softmax) at the looped models' shapes,
            while in fp32 it was 3-11x faster than them
            (benchmarks/attention_paths.py). GPU paths are unchanged.
+           And fp32 heads <= 8 wide on one CPU thread: narrow_attention.py's C
+           kernel, 2-4x faster than SDPA there (its docstring says why).
 - bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
 - content: `scheme.has_content` -> the scheme computes the attention itself
            (`attend`: TRA and CoPE run `tra_attention` / `cope_attention` of content_attention.py,
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
+from lengthgen.model import narrow_attention
 
 
 @dataclass(frozen=True)
@@ -315,6 +318,8 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
         elif use_math_attention(q):
             y = math_causal_attention(q, k, v, dropout)  # (B, H, T, Dh)
+        elif narrow_attention.applies(q, p):
+            y = narrow_attention.attend(q, k, v)  # (B, H, T, Dh): heads <= 8 wide on one CPU thread
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from lengthgen.config.schema import ModelConfig
+from lengthgen.model import narrow_attention
 from lengthgen.model.attention import AttentionDropout, CausalSelfAttention
 from lengthgen.model.content_attention import tra_attention
 from lengthgen.model.positions import PositionalScheme, default_position_ids
@@ -121,6 +122,7 @@ def test_attention_mlp_and_residual_dropout_are_separate(monkeypatch):
         return sdpa(*args, dropout_p=dropout_p, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    monkeypatch.setattr(narrow_attention, "enabled", False)  # its narrow heads would take the eval pass
     model = Transformer(cfg(dropout=0.1, attn_dropout=0.3, mlp_dropout=0.2), 11).train()
     drops = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
     assert {m.dropout for m in model.modules() if isinstance(m, CausalSelfAttention)} == {AttentionDropout(0.3)}
