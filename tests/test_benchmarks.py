@@ -1,4 +1,5 @@
-"""benchmarks/paper_hours.py --compile: the kernel and launch counts its GPU estimate rests on."""
+"""benchmarks/paper_hours.py --compile: the kernel and launch counts its GPU estimate rests on;
+benchmarks/narrow_attention.py: the steps a run spends at each length, which weigh its whole-run time."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,7 @@ from lengthgen.model import compiling
 from lengthgen.tasks import task_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import narrow_attention as narrow_benchmark  # noqa: E402
 import paper_hours  # noqa: E402
 
 
@@ -42,3 +44,14 @@ def test_compiled_blocks_are_one_launch_each_with_graphs():
     # parity at length 4 runs the block T(4) = 4 times: 4 forward + 4 backward graph calls replace
     # every kernel inside them
     assert launches < kernels and launches >= 8
+
+
+def test_a_run_spends_its_steps_at_lengths_as_its_curriculum_draws_them():
+    cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_min=1", "task.train_max=4",
+                              "train.steps=100", "train.curriculum_start=2", "train.curriculum_interval=30",
+                              "train.length_sampling=per_batch"])
+    weights = narrow_benchmark.steps_per_length(cfg)
+    # steps 0-29: max 2 (1 and 2 equally), 30-59: max 3, 60-99: max 4
+    assert weights[1] == pytest.approx(30 / 2 + 30 / 3 + 40 / 4)
+    assert weights[3] == pytest.approx(30 / 3 + 40 / 4) and weights[4] == pytest.approx(40 / 4)
+    assert sum(weights.values()) == pytest.approx(100) and set(weights) == {1, 2, 3, 4}
