@@ -100,6 +100,7 @@ def test_without_a_compiler_attention_stays_with_sdpa_and_says_so_once(tmp_path,
         narrow_attention.library.cache_clear()
 
 
+@pytest.mark.slow  # compiles the kernel twice
 def test_a_damaged_library_in_the_cache_is_built_again(kernel, tmp_path, monkeypatch):
     monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
     built = narrow_attention.build(tmp_path)

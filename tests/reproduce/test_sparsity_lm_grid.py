@@ -86,6 +86,7 @@ def independent_ratios(out, arm, seeds, edges, select="in_tau"):
     return per_seed
 
 
+@pytest.mark.slow  # trains and evaluates a grid of language models
 def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_and_skips_finished_work(
         docs, tmp_path, monkeypatch):
     from lengthgen.reproduce import grid as grids
