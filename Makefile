@@ -32,19 +32,19 @@ install: $(VENV)/.installed corpus
 # The CPU-scale Parity comparison of the Looped Transformers paper: looped vs ntp, one seed each,
 # trained side by side (one single-thread job per core: the looped run is the longest, and a third
 # job would slow it by a third), then evaluated and reported. Finished runs are kept, so an
-# interrupted demo continues where it stopped.
-demo: install
+# interrupted demo continues where it stopped. It needs the package alone, not the corpus.
+demo: $(VENV)/.installed
 	$(BIN)/lengthgen reproduce looped --tasks parity --arms looped,ntp --seeds 1 --workers 2 --threads 1 --out $(DEMO)
 	@echo "demo report: $(DEMO)/report.md (figures beside it)"
 
 # Every test, on every core (one worker per core; a test file's tests share a worker, so its
-# module fixtures are built once). CI runs this.
+# module fixtures are built once; the files with slow tests go first: tests/conftest.py). CI runs this.
 test: install
-	$(BIN)/python -m pytest -q -n auto --dist loadscope --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --durations=15
 
 # The quick loop while editing: every test but the slow ones (runs that must learn, processes, grids).
 test-fast: install
-	$(BIN)/python -m pytest -q -n auto --dist loadscope -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder -m "not slow"
 
 bench: install
 	$(BIN)/python benchmarks/data_generation.py

@@ -1,6 +1,6 @@
 """Trained per-sample stopping: the losses of looped-halt, looped-uncertain and looped-clock
 against brute force, and the `halt` and `first-confident` rules (the tiny runs that must learn
-to halt: test_halting_learns.py)."""
+to halt: test_looped_learns.py)."""
 import math
 
 import pytest
@@ -245,6 +245,30 @@ def test_probe_fits_a_separable_signal():
     probe = halting.fit_halt_probe(model, [batch], steps=300)
     x, done = halting.probe_data(model, batch)
     assert torch.equal(probe(x) > 0, done)
+
+
+def test_distinct_samples_are_each_sample_once_with_how_often_it_was_drawn():
+    batch = get_task("parity").sample(64, 3, torch.Generator().manual_seed(0))  # 8 inputs of length 3
+    distinct, counts = halting.distinct_samples(batch)
+    rows = [tuple(r) for r in batch.inputs.tolist()]
+    assert sorted(tuple(r) for r in distinct.inputs.tolist()) == sorted(set(rows))
+    assert counts.tolist() == [rows.count(tuple(r)) for r in distinct.inputs.tolist()]
+    for i, r in enumerate(distinct.inputs.tolist()):  # each distinct sample is one of the drawn ones, whole
+        j = rows.index(tuple(r))
+        assert torch.equal(distinct.targets[i], batch.targets[j]) and distinct.n_steps[i] == batch.n_steps[j]
+
+
+def test_a_weighted_probe_fit_is_the_fit_on_the_rows_repeated():
+    """Weights are counts: the fit on distinct rows weighted k must be the fit on each row k times."""
+    x, y = torch.randn(12, 5, dtype=torch.float64), torch.rand(12) < 0.3
+    k = torch.randint(1, 4, (12,))
+    fits = []
+    for rows, labels, weights in ((x, y, [k.double()]), (x.repeat_interleave(k, 0), y.repeat_interleave(k), None)):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(5, 1).double()
+        halting.train_probe(lambda: [net(rows)[:, 0]], [labels], net.parameters(), 50, 1e-2, weights)
+        fits.append(torch.cat([p.flatten() for p in net.parameters()]))
+    assert torch.allclose(*fits, atol=1e-9)
 
 
 @pytest.mark.slow

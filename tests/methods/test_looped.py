@@ -1,5 +1,4 @@
 """Looped transformer, its step-dependent loss and the baselines (stop rules: test_stop_rules.py)."""
-from pathlib import Path
 
 import pytest
 import torch
@@ -144,27 +143,7 @@ def test_methods_registered_and_predict_shape():
         assert method.predict(model, batch).shape == batch.inputs.shape
 
 
-def _train_and_score(tmp_path: Path, overrides: list[str], lengths) -> list[float]:
-    from lengthgen.evaluation.evaluate import accuracy_at
-    from lengthgen.training.trainer import train
-    cfg = presets.load(None, overrides + ["train.device=cpu"])
-    train(cfg, tmp_path / "run", progress=False)
-    task, method = get_task(cfg.task.name), get_method(cfg.method)
-    model = method.build_model(cfg, task)
-    from lengthgen.runtime import checkpoint
-    checkpoint.load_weights(model, checkpoint.latest(tmp_path / "run") / "model.safetensors")
-    model.eval()
-    return [accuracy_at(task, method, model, n, 256, 256, 7, torch.device("cpu"))[0] for n in lengths]
-
-
-@pytest.mark.slow
-def test_looped_learns_parity(tmp_path):
-    acc = _train_and_score(tmp_path, [
-        "method=looped", "task.name=parity", "task.train_max=8", "model.n_layer=1", "model.d_model=64",
-        "model.n_head=4", "train.steps=1500", "train.lr=1e-3", "train.batch_size=32", "train.warmup_steps=50",
-        "train.curriculum_start=2", "train.curriculum_interval=40", "train.log_interval=500",
-        "train.checkpoint_interval=1500"], range(1, 9))
-    assert min(acc) >= 0.95, acc
+# test_looped_learns_parity: tests/methods/test_looped_learns.py (it shares a run with the probe's test)
 
 
 # --- baselines ----------------------------------------------------------------

@@ -169,29 +169,47 @@ def fit_halt_probe(model: LoopedTransformer, batches: Iterable[Batch], steps: in
                    seed: int = 0) -> HaltProbe:
     """A HaltProbe fitted on a frozen model's states: full-batch Adam on the balanced binary
     cross-entropy of "done" (t >= T_i) over every iteration up to T_i + PROBE_EXTRA of the
-    samples given (the training lengths)."""
-    xs, ys = zip(*(probe_data(model, b) for b in batches))
-    x = torch.cat([a.flatten(0, 1) for a in xs])
+    samples given (the training lengths). A sample drawn k times is run once and weighs k:
+    the same loss, and at short lengths (Parity has 2^n inputs of length n) far fewer rows."""
+    xs, ys, ws = [], [], []
+    for batch in batches:
+        distinct, counts = distinct_samples(batch)
+        x, done = probe_data(model, distinct)
+        xs.append(x.flatten(0, 1)), ys.append(done.flatten()), ws.append(counts.expand_as(done).flatten())
+    x, w = torch.cat(xs), torch.cat(ws)
     with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
         torch.manual_seed(seed)
         probe = HaltProbe(x.shape[1] // 2).to(x.device)
-    probe.mean.copy_(x.mean(0))
-    probe.std.copy_(x.std(0) + 1e-6)
-    train_probe(lambda: [probe(x)], [torch.cat([a.flatten() for a in ys])], probe.parameters(), steps, lr)
+    mean = (w[:, None] * x).sum(0) / w.sum()
+    probe.mean.copy_(mean)
+    probe.std.copy_(((w[:, None] * (x - mean) ** 2).sum(0) / (w.sum() - 1)).sqrt() + 1e-6)
+    train_probe(lambda: [probe(x)], [torch.cat(ys)], probe.parameters(), steps, lr, [w])
     return probe.requires_grad_(False)
 
 
-def train_probe(logits, labels: list[Tensor], params, steps: int = 1000, lr: float = 1e-2) -> None:
+def distinct_samples(batch: Batch) -> tuple[Batch, Tensor]:
+    """(the batch's distinct samples in the order first drawn, (B',) float how many times each was drawn)."""
+    parts = [batch.inputs, batch.targets] + [p for p in (batch.position_ids, batch.target_ids) if p is not None]
+    _, inverse, counts = torch.unique(torch.cat(parts, 1), dim=0, return_inverse=True, return_counts=True)
+    rows = torch.arange(len(batch), device=inverse.device)
+    first = torch.full_like(counts, len(batch)).scatter_reduce(0, inverse, rows, "amin")
+    first, order = first.sort()  # in the order they were first drawn: a batch of distinct samples stays as it is
+    return batch.select(first), counts[order].float()
+
+
+def train_probe(logits, labels: list[Tensor], params, steps: int = 1000, lr: float = 1e-2,
+                weights: list[Tensor] | None = None) -> None:
     """Full-batch Adam on the balanced binary cross-entropy of `logits()` (a list of tensors,
-    one per group of samples) against `labels` (bool, the same shapes): "done" and "not done"
-    weigh the same however many of each there are."""
+    one per group of samples) against `labels` (bool, the same shapes), each sample weighing
+    its `weights` (default 1): "done" and "not done" weigh the same however many of each."""
     y = torch.cat([a.flatten() for a in labels]).float()
-    weight = (1 - y).sum() / y.sum().clamp(min=1)
+    w = torch.ones_like(y) if weights is None else torch.cat([a.flatten() for a in weights]).float()
+    pos_weight = (w * (1 - y)).sum() / (w * y).sum().clamp(min=1)
     optimizer = torch.optim.Adam(params, lr)
     with torch.enable_grad():
         for _ in range(steps):
             z = torch.cat([a.flatten() for a in logits()])
-            loss = F.binary_cross_entropy_with_logits(z, y, pos_weight=weight)
+            loss = F.binary_cross_entropy_with_logits(z, y, w, pos_weight=pos_weight, reduction="sum") / w.sum()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -1,5 +1,6 @@
-"""Tiny Parity runs that must learn to halt at T(n): the halting head, the clock and the probe
-(a file of their own, so that the test workers share these long runs out)."""
+"""Tiny Parity runs that must learn: the looped model the answer, and the halting head, the clock
+and the probe when to stop at T(n) (a file of their own, so that the test workers share these
+long runs out)."""
 import pytest
 import torch
 
@@ -47,13 +48,38 @@ def test_looped_clock_learns_to_stop_at_t_n(tmp_path):
         assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
 
 
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory):
+    """A looped-halt-probe run on lengths up to 8: its block trains bit for bit as plain looped's
+    (test_halting.py), so one run answers both whether looped learns Parity and whether the
+    probe fitted on its states stops at T(n)."""
+    from lengthgen.evaluation.evaluate import load_run
+    from lengthgen.training.trainer import train
+    folder = tmp_path_factory.mktemp("probe") / "run"
+    train(presets.load(None, [
+        "method=looped-halt-probe", "task.name=parity", "task.train_max=8", "model.n_layer=1", "model.d_model=64",
+        "model.n_head=4", "train.steps=1500", "train.lr=1e-3", "train.batch_size=32", "train.warmup_steps=50",
+        "train.curriculum_start=2", "train.curriculum_interval=40", "train.log_interval=500",
+        "train.checkpoint_interval=1500", "train.device=cpu"]), folder, progress=False)
+    _, task, method, model, _ = load_run(folder, torch.device("cpu"))
+    return task, method, model
+
+
 @pytest.mark.slow
-def test_looped_halt_probe_learns_to_stop_at_t_n(tmp_path):
+def test_looped_learns_parity(probe_run):
+    from lengthgen.evaluation.evaluate import accuracy_at
+    task, method, model = probe_run
+    acc = [accuracy_at(task, method, model, n, 256, 256, 7, torch.device("cpu"))[0] for n in range(1, 9)]
+    assert min(acc) >= 0.95, acc
+
+
+@pytest.mark.slow
+def test_looped_halt_probe_learns_to_stop_at_t_n(probe_run):
     """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
     training lengths (whether it does beyond them is docs/results.md's question)."""
     from lengthgen.evaluation.evaluate import eval_batches
-    task, method, model = train_tiny_parity(tmp_path / "run", "looped-halt-probe", 1500, 50)
-    for n in (2, 4, 6):
+    task, method, model = probe_run
+    for n in (2, 4, 6, 8):
         batch = next(eval_batches(task, n, 256, 256, 7, torch.device("cpu")))
         _, steps = method.predict_stop(model, batch, "halt")
         assert float((steps == n).float().mean()) >= 0.9, (n, steps.tolist()[:10])
