@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,6 +200,17 @@ def test_a_planted_model_import_in_reporting_fails():
     sources = reporting_sources()
     sources["series.py"] += "\n\ndef task_names():\n    from lengthgen.tasks import TASKS\n    return list(TASKS)\n"
     assert loads_model_code_when_called(sources) - DRAWN_FROM_A_RUN == {("series.py", "task_names")}
+
+
+def test_importing_every_module_leaves_the_compiler_unloaded():
+    """torch._dynamo takes 2.6 s to import (as long as torch itself): every command, script and
+    worker process would pay it, and only compiled runs need it (model/compiling.py loads it)."""
+    code = ("import importlib, pkgutil, sys, lengthgen\n"
+            "for m in pkgutil.walk_packages(lengthgen.__path__, 'lengthgen.'):\n"
+            "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
+            "print(sorted(k for k in sys.modules if k.startswith(('torch._dynamo', 'torch._inductor'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_import_graph_has_no_cycle():

@@ -208,17 +208,16 @@ class Packed:
             return y.reshape(self.tokens, y.shape[-1])
         return self.unpad_runs(y)
 
-    # Run eagerly inside a compiled block (train.compile): the runs are Python integers that change
-    # with every batch's widths, and a traced pad would be recompiled for each layout (8 graphs in
-    # 8 steps of a tiny looped Parity run, then torch gives up); outside the graph they cost nothing.
-    @torch.compiler.disable
+    # Run eagerly inside a compiled block (train.compile; EAGER_IN_COMPILED_BLOCKS): the runs are
+    # Python integers that change with every batch's widths, and a traced pad would be recompiled
+    # for each layout (8 graphs in 8 steps of a tiny looped Parity run, then torch gives up);
+    # outside the graph they cost nothing.
     def pad_runs(self, x: Tensor) -> Tensor:
         C, W = x.shape[-1], self.width
         runs = x.split([rows * w for rows, w in self.runs] + [x.shape[0] - self.tokens])
         parts = [F.pad(run.view(rows, w, C), (0, 0, 0, W - w)) for run, (rows, w) in zip(runs, self.runs)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    @torch.compiler.disable
     def unpad_runs(self, y: Tensor) -> Tensor:
         C = y.shape[-1]
         runs = y.split([rows for rows, _ in self.runs])
@@ -239,7 +238,6 @@ class KVCache:
         self.layers: dict[int, tuple[Tensor, Tensor]] = {}
         self.length = 0  # tokens cached (the model advances it after each pass)
 
-    @torch.compiler.disable  # its growing length would be a new graph per decoded token
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append k, v (B, H, T, Dh) to the layer's cache; return all of its keys and values."""
         if layer in self.layers:
@@ -247,6 +245,13 @@ class KVCache:
             k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
         self.layers[layer] = (k, v)
         return k, v
+
+
+# Methods that compiled blocks run eagerly: KVCache.extend's growing length would be a new graph per
+# decoded token, and Packed's runs are explained above. compiling.compile_blocks wraps them in
+# torch.compiler.disable when it compiles; the decorator here would import torch._dynamo, 2.6 s
+# at the start of every process, most of which never compile.
+EAGER_IN_COMPILED_BLOCKS = {Packed: ("pad_runs", "unpad_runs"), KVCache: ("extend",)}
 
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

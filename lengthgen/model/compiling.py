@@ -26,6 +26,8 @@ import sys
 import torch
 from torch import nn
 
+from lengthgen.model.attention import EAGER_IN_COMPILED_BLOCKS
+
 
 def compilable(model: nn.Module) -> str | None:
     """Why the model's blocks cannot be compiled, or None."""
@@ -41,10 +43,20 @@ def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.co
     if reason:
         print(f"lengthgen: note: {what} is off for this run: {reason}", file=sys.stderr)
         return False
+    run_eagerly_in_graphs()
     mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs where the device has them
     for block in model.blocks:
         block.compile(dynamic=True, mode=mode)
     return True
+
+
+def run_eagerly_in_graphs() -> None:
+    """torch.compiler.disable on the methods of EAGER_IN_COMPILED_BLOCKS, once per process."""
+    for cls, names in EAGER_IN_COMPILED_BLOCKS.items():
+        for name in names:
+            method = cls.__dict__[name]
+            if not getattr(method, "_torchdynamo_disable", False):
+                setattr(cls, name, torch.compiler.disable(method))
 
 
 def uncompile(model: nn.Module) -> None:

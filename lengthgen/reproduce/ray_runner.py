@@ -37,6 +37,7 @@ from lengthgen.errors import UserError
 from lengthgen.reproduce.grid import Job
 
 RAY_MISSING = "--backend ray needs Ray: pip install 'lengthgen[ray]'"
+RETRIES = 3  # of a run whose worker or node died (Ray's default, stated here)
 
 
 def require():
@@ -78,9 +79,9 @@ def _interrupt(signum, frame):
 
 
 def run_on_ray(run_job, jobs: list[Job], out: Path, address: str | None, progress: bool,
-               gpus_per_job: float | None) -> list[dict]:
+               gpus_per_job: float | None, retries: int = RETRIES) -> list[dict]:
     """run_job for every job as a Ray task; the results in the order they finish, each naming
-    its job's folder as given."""
+    its job's folder as given. A task whose worker dies is run again up to `retries` times."""
     ray = require()
     started = not ray.is_initialized()
     if started:
@@ -96,7 +97,7 @@ def run_on_ray(run_job, jobs: list[Job], out: Path, address: str | None, progres
         for job, remote_job in zip(jobs, shipped(jobs, out)):
             cfg = from_data(job.config) if job.config else load(job.preset, job.overrides)
             request = resources(cfg.train.device, job.threads, gpus, gpus_per_job)
-            pending[task.options(**request).remote(remote_job)] = (job, time.perf_counter())
+            pending[task.options(max_retries=retries, **request).remote(remote_job)] = (job, time.perf_counter())
         with tqdm(total=len(pending), desc="runs", disable=not progress) as bar:
             while pending:
                 (ref,), _ = ray.wait(list(pending), num_returns=1)

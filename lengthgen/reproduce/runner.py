@@ -8,7 +8,8 @@ test lengths, and aggregated into DIR/report.md, DIR/results.csv and figures.
 Independent runs go to worker processes, or with `--backend ray` to Ray tasks on a
 cluster (lengthgen.reproduce.ray_runner), the same job either way. A run that has finished training is
 not trained again, and its evaluation is kept when eval.done records the same
-evaluation settings and eval.csv is readable; one with a checkpoint resumes, so
+evaluation settings and eval.csv is readable (such a run is skipped before any worker
+starts); one with a checkpoint resumes, so
 an interrupted reproduction continues where it stopped; a failing run is
 reported and does not stop the others.
 """
@@ -117,7 +118,6 @@ def run_job(job: Job) -> dict:
     from lengthgen.runtime import checkpoint
     from lengthgen.training.trainer import is_finished, train
 
-    torch.set_num_threads(job.threads)
     folder = Path(job.folder)
     start = time.perf_counter()
     try:
@@ -129,6 +129,8 @@ def run_job(job: Job) -> dict:
         settings, done = eval_settings(job, cfg), folder / "eval.done"
         finished = is_finished(folder)
         skipped = finished and evaluation_current(folder, settings)
+        if not skipped:
+            torch.set_num_threads(job.threads)
         if not finished:
             resume = folder.is_dir() and checkpoint.latest(folder) is not None
             if not resume and not unstarted(folder):  # e.g. checkpoints pruned to save disk: keep its results
@@ -151,6 +153,21 @@ def run_job(job: Job) -> dict:
     except BaseException as err:  # report any failure of this run and let the others go on
         return {"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+
+
+def already_done(job: Job) -> bool:
+    """Whether run_job would skip this run: trained, and evaluated with these settings. (Any
+    doubt, e.g. an unreadable file, is False: the worker finds and reports what is wrong.)"""
+    from lengthgen.training.trainer import is_finished
+
+    folder = Path(job.folder)
+    if not (folder / "eval.done").is_file():
+        return False
+    try:
+        cfg = from_data(job.config) if job.config else load(job.preset, job.overrides)
+        return is_finished(folder) and evaluation_current(folder, eval_settings(job, cfg))
+    except Exception:
+        return False
 
 
 def _interrupt(signum, frame):
@@ -244,11 +261,18 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         shape = f"{len(tasks)} tasks x {len(arms)} arms" if pairs == len(tasks) * len(arms) else f"{pairs} task-arm pairs"
         print(f"{len(jobs)} runs ({shape}{axes} x {seeds} seeds) in {out}/runs, "
               + (f"{workers} worker(s)" if backend == "local" else "on Ray"), file=sys.stderr)
-        if backend == "ray":
+        # Finished runs are skipped here, in this process: a worker would load torch (seconds) to
+        # find nothing to do, so a rerun for the report alone starts none.
+        results = [run_job(job) for job in jobs if already_done(job)]
+        kept = {r["folder"] for r in results}
+        todo = [job for job in jobs if job.folder not in kept]
+        if kept:
+            print(f"{len(kept)} of {len(jobs)} runs already trained and evaluated: kept", file=sys.stderr)
+        if todo and backend == "ray":
             from lengthgen.reproduce.ray_runner import run_on_ray
-            results = run_on_ray(run_job, jobs, out, address, progress, gpus_per_job)
-        else:
-            results = run_all(jobs, workers, progress)
+            results += run_on_ray(run_job, todo, out, address, progress, gpus_per_job)
+        elif todo:
+            results += run_all(todo, workers, progress)
         results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
         failed = [r for r in results if not r["ok"]]
         (out / "failures.txt").write_text("".join(f"{r['folder']}\n{r['traceback']}\n" for r in failed))

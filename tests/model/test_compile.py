@@ -13,6 +13,8 @@ from lengthgen.model import compiling
 
 from lengthgen.config import presets
 from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.methods.registry import get_method
+from lengthgen.tasks import task_of
 from lengthgen.training.trainer import train
 
 pytestmark = pytest.mark.slow  # each compilation takes seconds
@@ -48,6 +50,16 @@ def test_compiled_blocks_train_and_evaluate_as_eager_ones(tmp_path, path):
     assert "compiled_graphs" not in eager[0]
     assert [r["accuracy"] for r in eager_rows] == [r["accuracy"] for r in compiled_rows]
     assert (tmp_path / "compiled" / "checkpoints" / "step_00000008" / "model.safetensors").is_file()
+
+
+def test_compiled_blocks_leave_packing_and_the_kv_cache_eager():
+    """Packed's runs and the KV cache's growing length would be a new graph per batch layout or
+    decoded token: compile_blocks marks them eager (not at import: that loads torch._dynamo)."""
+    cfg = presets.load(None, TINY + PATHS["looped"])
+    assert compiling.compile_blocks(get_method(cfg.method).build_model(cfg, task_of(cfg.task)), torch.device("cpu"))
+    eager = {(cls.__name__, name): getattr(cls.__dict__[name], "_torchdynamo_disable", False)
+             for cls, names in compiling.EAGER_IN_COMPILED_BLOCKS.items() for name in names}
+    assert eager == {("Packed", "pad_runs"): True, ("Packed", "unpad_runs"): True, ("KVCache", "extend"): True}
 
 
 def test_tra_runs_eagerly_with_a_note(tmp_path, capsys):

@@ -91,7 +91,7 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
 
 
 @pytest.mark.slow
-def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
+def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkeypatch):
     out = tmp_path / "out"
     betas = "train.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
     report = rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
@@ -114,8 +114,10 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path):
     done = out / "runs" / "parity-looped-s0" / "eval.done"
     ckpt = out / "runs" / "parity-looped-s0" / "checkpoints" / "latest"
     stamps = done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns
-    rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out, workers=1,
-                 samples=8, progress=False)
+    with monkeypatch.context() as patch:  # ... and in this process: no worker is started to find nothing to do
+        patch.setattr(rp, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("a worker started"))
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out, workers=1,
+                     samples=8, progress=False)
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
     # the skipped run keeps the seconds measured when it was trained; the other rows stay
     second = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])

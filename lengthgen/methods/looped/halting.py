@@ -175,7 +175,9 @@ def fit_halt_probe(model: LoopedTransformer, batches: Iterable[Batch], steps: in
     for batch in batches:
         distinct, counts = distinct_samples(batch)
         x, done = probe_data(model, distinct)
-        xs.append(x.flatten(0, 1)), ys.append(done.flatten()), ws.append(counts.expand_as(done).flatten())
+        xs.append(x.flatten(0, 1))
+        ys.append(done.flatten())
+        ws.append(counts.expand_as(done).flatten())
     x, w = torch.cat(xs), torch.cat(ws)
     with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
         torch.manual_seed(seed)
