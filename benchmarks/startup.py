@@ -27,9 +27,15 @@ def seconds(code: str) -> float:
     return time.perf_counter() - began
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"needs a positive integer, got {text!r}")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=positive, default=7)
     args = parser.parse_args()
     seconds(LENGTHGEN)  # the first start reads the files from disk; the rest from the page cache
     now, before = [], []
