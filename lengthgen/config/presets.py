@@ -290,9 +290,43 @@ def check_sweep(cfg: Config, task) -> None:
               f"eval.lengths includes {shortest}; {t.name} with {where[12:-1]} needs lengths >= {swept.min_length}")
 
 
+# A learned table that reads coupled or predicted IDs starts at T5's N(0, 1), as Cho et al.'s does,
+# unless model.position_options.std is set: at GPT-2's N(0, 0.02) its rows are 50x smaller than the
+# token embeddings they are added to, and coupled addition does not train at CPU scale
+# (docs/positions.md, "Which init each learned table uses").
+GIVEN_IDS_TABLE_STD = 1.0
+
+
+def reads_given_ids(cfg: Config, task=None) -> bool:
+    """Whether the model reads position IDs that are not 0..L-1: the task's own (coupled, abacus)
+    or the ones the method predicts (ppc)."""
+    import torch
+
+    if get_method(cfg.method).needs_target_ids:
+        return True
+    batch = (task or task_of(cfg.task)).sample(2, cfg.task.train_min, torch.Generator().manual_seed(0))
+    return batch.position_ids is not None
+
+
+def given_ids_table_init(cfg: Config) -> Config:
+    """A new run's config with GIVEN_IDS_TABLE_STD where its learned table reads coupled or
+    predicted IDs and no std is set. Applied to presets, never to a saved run's config (load_saved):
+    a run keeps the init it was trained with."""
+    m = cfg.model
+    if SCHEMES[m.position].trains_table and "std" not in m.position_options and reads_given_ids(cfg):
+        m.position_options = {**m.position_options, "std": GIVEN_IDS_TABLE_STD}
+    return cfg
+
+
 def load(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults <- preset TOML <- --set overrides, then validated."""
-    return validate(read(preset, overrides))
+    """A new run's config: defaults <- preset TOML <- --set overrides, validated, with the
+    defaults that follow from its parts (given_ids_table_init)."""
+    return given_ids_table_init(validate(read(preset, overrides)))
+
+
+def load_saved(path: str | Path) -> Config:
+    """A run folder's config.toml, validated, as the run was trained: no default is added."""
+    return validate(read(path))
 
 
 def from_dict(data: dict) -> Config:

@@ -55,6 +55,7 @@ class PositionalScheme(nn.Module):
     has_content = False  # True if `content_logits` returns a tensor
     has_table = False  # True if it reads a table of model.max_positions rows
     adds_ids = False  # True if `embed` adds the position IDs to the input (absolute positions)
+    trains_table = False  # True if its table is a parameter drawn from N(0, std^2), std its `std` option
 
     @classmethod
     def check(cls, model: ModelConfig) -> None:
@@ -105,7 +106,7 @@ class LearnedPositions(PositionalScheme):
     N(0, std^2): GPT-2's 0.02 by default; 1.0 is T5's, as Cho et al.'s coupling draws it (a row
     then as large as a token's N(0, 1) embedding under init torch or t5, not 50x smaller)."""
 
-    has_table = adds_ids = True
+    has_table = adds_ids = trains_table = True
 
     def __init__(self, cfg: ModelConfig, std: float = 0.02):
         super().__init__(cfg)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -90,9 +91,13 @@ def plot(agg: list[dict], path: Path, metric: str = "accuracy", panels: str | No
     for ax in axes.flat[len(tasks):]:
         ax.axis("off")
     ncol = min(cols, len(legend))  # a legend column per panel column keeps the labels inside the figure
-    legend_height = 0.2 * math.ceil(len(legend) / ncol) + 0.2  # inches
+    # a label naming many config keys is wrapped to its column's width, not cut at the figure's edge
+    names = [textwrap.fill(name, width=max(40, int(fig.get_figwidth() * 15 / ncol))) for name in legend]
+    per_column = math.ceil(len(names) / ncol)  # matplotlib fills the legend column by column
+    columns = [names[i:i + per_column] for i in range(0, len(names), per_column)]
+    legend_height = max(0.15 * sum(n.count("\n") + 1 for n in c) + 0.07 * len(c) for c in columns) + 0.2  # inches
     fig.set_figheight(3.4 * rows_n + legend_height)
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.legend(list(legend.values()), names, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, legend_height / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
