@@ -7,24 +7,30 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
-from lengthgen.errors import ResourceError, TrainingDiverged, UserError
+from lengthgen.errors import ResourceError, RunsFailed, TrainingDiverged, UserError
 
 
 def cmd_tasks(args) -> None:
     import torch
 
+    from lengthgen.config.schema import MAX_LENGTH, MAX_SEED
     from lengthgen.tasks import TASKS, get_task
-    from lengthgen.tasks.corpus import CorpusError
 
+    if not 1 <= args.length <= MAX_LENGTH:  # the problem lengths a config may train or test
+        raise UserError(f"--length must be in [1, {MAX_LENGTH:,}], got {args.length}")
+    if not 0 <= args.seed < MAX_SEED:  # torch takes 64-bit seeds
+        raise UserError(f"--seed must be in [0, 2**63), got {args.seed}")
     for name in TASKS:
         task = get_task(name)
         try:
             batch = task.sample(1, args.length, torch.Generator().manual_seed(args.seed))
-        except CorpusError as err:  # a language-model task whose corpus is not on this machine
+        except ValueError as err:  # a corpus not on this machine (CorpusError), a length the task cannot take
             print(f"{name:<15} (no example: {err})")
             continue
         question, answer = task.to_text(batch, 0)
@@ -33,6 +39,7 @@ def cmd_tasks(args) -> None:
 
 
 def cmd_corpus(args) -> None:
+    from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, os_error_line
     from lengthgen.tasks.corpus import Corpus
 
     try:
@@ -40,6 +47,10 @@ def cmd_corpus(args) -> None:
         meta = corpus.meta()  # builds the token files on first use
     except ValueError as err:  # CorpusError too: says how to get the corpus
         raise UserError(str(err)) from None
+    except OSError as err:  # the cache has no --out: its folder is $LENGTHGEN_DATA
+        if err.errno not in DISK_FULL | NOT_WRITABLE:
+            raise
+        raise ResourceError(os_error_line(err, "$LENGTHGEN_DATA")) from None
     where = corpus.folder() if args.source in ("python-docs", "files") else args.path or "hub"
     print(f"corpus {args.source} ({where}), "
           f"tokenizer {args.tokenizer}, vocabulary {meta['vocab_size']}: {corpus.tokens_folder()}")
@@ -54,7 +65,10 @@ def cmd_train(args) -> None:
     from lengthgen.training.trainer import train
 
     main_process = Ranks.from_env().main  # under torchrun, one process speaks for the run
-    if args.resume and args.preset is None and args.out is None:
+    if args.resume and args.preset is not None:
+        raise UserError(f"a preset ({args.preset}) cannot change a run being resumed; its saved config is used: "
+                        "lengthgen train --resume --out RUN_DIR")
+    if args.resume and args.out is None:
         raise UserError("--resume needs the run folder: lengthgen train --resume --out RUN_DIR")
     if args.resume and args.set:
         raise UserError("--set cannot change a run being resumed; its saved config is used")
@@ -80,6 +94,13 @@ def cmd_eval(args) -> None:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.position_draws is not None and not 1 <= args.position_draws <= 1000:
         raise UserError(f"--position-draws must be in [1, 1000], got {args.position_draws}")
+    if args.stop:  # loop counts past any run's need (stop_rules.MAX_STEPS) refused before the run is loaded
+        from lengthgen.methods.looped.stop_rules import parse_rule
+        try:
+            for stop in args.stop.split(","):
+                parse_rule(stop)
+        except ValueError as err:
+            raise UserError(str(err)) from None
     if args.lengths is None or args.samples is None:
         saved = load_run(args.run)[0].eval
         args.lengths = saved.lengths if args.lengths is None else args.lengths
@@ -89,6 +110,8 @@ def cmd_eval(args) -> None:
     if args.sweep:
         sweep = {}
         for text in args.sweep:
+            if "=" not in text:  # parse_override's message would name --set
+                raise UserError(f"--sweep expects OPTION=[VALUES], e.g. --sweep 'symbols=[5, 10]', got {text!r}")
             option = parse_override(text)
             (key, values), = option.items()
             sweep[key] = values if isinstance(values, list) else [values]
@@ -141,15 +164,43 @@ def cmd_reproduce(args) -> None:
         raise UserError("name a paper to reproduce (lengthgen reproduce --list names them)")
     if args.arms is not None and args.methods is not None:
         raise UserError("--methods is another name for --arms; give one of them")
+    check_reproduce_flags(args)
     # an empty list ("--tasks ,") is passed on, and refused, rather than read as "all of them"
     split = lambda text: None if text is None else [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
-    path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.arms if args.methods is None
-                                                                                   else args.methods),
-                     Path(args.out) if args.out else None, args.workers, args.samples, progress=not args.no_progress,
-                     extra=args.set, threads=args.threads, backend=args.backend, address=args.address,
-                     gpus_per_job=args.gpus_per_job)
+    try:
+        path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.arms if args.methods is None
+                                                                                       else args.methods),
+                         Path(args.out) if args.out else None, args.workers, args.samples,
+                         progress=not args.no_progress, extra=args.set, threads=args.threads, backend=args.backend,
+                         address=args.address, gpus_per_job=args.gpus_per_job)
+    except RunsFailed as err:  # the others' report first, then the one line that says the grid is incomplete
+        if err.report is not None:
+            print(err.report.read_text())
+        raise
     print(path.read_text())
     print(f"wrote {path} (with results.csv and figures beside it)")
+
+
+def check_reproduce_flags(args) -> None:
+    """Counts past the config's ranges, refused in one line before a grid is planned; a Ray address
+    checked for its form and reached (with a timeout) before any run starts."""
+    import math
+
+    from lengthgen.config.schema import MAX_SEEDS, MAX_THREADS
+
+    # (values below the ranges are refused by reproduce itself)
+    if args.seeds is not None and args.seeds > MAX_SEEDS:
+        raise UserError(f"--seeds must be in [1, {MAX_SEEDS:,}], got {args.seeds}")
+    if args.threads > MAX_THREADS:  # each run's train.threads, which its saved config must keep
+        raise UserError(f"--threads must be in [0, {MAX_THREADS}] (train.threads), got {args.threads}")
+    if args.gpus_per_job is not None and not (math.isfinite(args.gpus_per_job) and args.gpus_per_job >= 0):
+        raise UserError(f"--gpus-per-job must be a finite number >= 0, got {args.gpus_per_job}")
+    if args.samples > 0:  # each run's evaluation holds a length's test set whole: refused before any run trains
+        from lengthgen.runtime.resources import check_samples
+        check_samples(args.samples, "--samples")
+    if args.backend == "ray" and args.address is not None:
+        from lengthgen.reproduce.ray_runner import check_address
+        check_address(args.address)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -251,9 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (UserError, TrainingDiverged, ResourceError) as err:
+        sys.stdout.flush()  # here, where a reader gone (a broken pipe) is caught, not at exit
+    except (UserError, TrainingDiverged, ResourceError, RunsFailed) as err:
         print(f"lengthgen: error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:  # `lengthgen report RUNS | head`: the reader has what it wanted; silent, as ls is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return 128 + signal.SIGPIPE
     except OSError as err:  # a folder it cannot write, a full disk: the path and what to do
         from lengthgen.runtime.resources import os_error_line
         print(f"lengthgen: error: {os_error_line(err)}", file=sys.stderr)

@@ -264,3 +264,28 @@ def test_eval_of_a_file_says_it_is_a_file(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not a run")
     assert main(["eval", str(tmp_path / "notes.txt"), "--lengths", "2", "--no-progress"]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_gets_silence_not_an_error():
+    """`lengthgen tasks | head -0`: a broken pipe ends the command quietly (128 + SIGPIPE), as for ls."""
+    proc = subprocess.Popen([sys.executable, "-m", "lengthgen", "tasks"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b"", err
+
+
+def test_reproduce_with_failed_runs_prints_the_others_report_and_exits_1(tmp_path, monkeypatch, capsys):
+    from lengthgen.errors import RunsFailed
+    from lengthgen.reproduce import runner
+
+    report = tmp_path / "report.md"
+    report.write_text("# the report of the runs that finished\n")
+
+    def two_of_four_fail(*args, **kwargs):
+        raise RunsFailed(f"2 of 4 runs failed (see {tmp_path / 'failures.txt'}); {report} reports the other 2", report)
+
+    monkeypatch.setattr(runner, "reproduce", two_of_four_fail)
+    assert main(["reproduce", "looped", "--out", str(tmp_path), "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "the report of the runs that finished" in out
+    assert err.strip() == f"lengthgen: error: 2 of 4 runs failed (see {tmp_path / 'failures.txt'}); {report} reports the other 2"

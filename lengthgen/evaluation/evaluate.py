@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-import shutil
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 
 from lengthgen.config.presets import from_dict
 from lengthgen.config.schema import Config
-from lengthgen.errors import ResourceError, UserError
+from lengthgen.errors import ResourceError, UserError, path_problem
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
 from lengthgen.methods.looped.stop_passes import confidence_precision, trace
@@ -32,15 +31,15 @@ from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import PositionTransform, build_transform
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
-from lengthgen.runtime.resources import is_out_of_memory, oom_detail
-from lengthgen.runtime.run_folders import check_eval_out, check_writable
+from lengthgen.runtime.resources import batches_that_fit, is_out_of_memory, oom_detail
+from lengthgen.runtime.run_folders import check_eval_out, check_writable, rows_lock, run_lock
 from lengthgen.tasks import Batch, Task, measure, task_of
 
 def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
     """(cfg, task, method, model, step) from a run folder's latest checkpoint."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise UserError(f"run folder {folder} " + ("is a file, not a folder" if folder.exists() else "does not exist"))
+        raise UserError(f"run folder {folder} {path_problem(folder, 'folder')}")
     path = checkpoint.latest(folder)
     if path is None:
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
@@ -214,8 +213,21 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     (with a copy of the run's config.toml, which the report reads) for a run one cannot write.
     A position transform that draws IDs at evaluation reads each sample under `position_draws`
     draws (default the run's eval.position_draws). `compile`: torch.compile the blocks (default
-    the run's eval.compile; lengthgen.model.compiling)."""
+    the run's eval.compile; lengthgen.model.compiling). A run reached through a symbolic link is
+    evaluated as itself. The run is held (shared) so that no `train` replaces it meanwhile, and the
+    rows are merged into eval.csv under a lock: evaluations of one run side by side keep all rows."""
     folder = Path(folder)
+    if folder.is_symlink() or not folder.name:  # `eval LINK` or `eval .`: rows name the real run
+        folder = folder.resolve()
+    with run_lock(folder, shared=True):
+        return evaluate_held(folder, lengths, samples, batch_size, seed, stops, per_step, progress, sweep, out,
+                             position_draws, compile)
+
+
+def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: int | None, seed: int | None,
+                  stops: list[str] | None, per_step: bool, progress: bool, sweep: dict | None, out: Path | None,
+                  position_draws: int | None, compile: bool | None) -> list[dict]:
+    """`evaluate_run` under the run's lock."""
     lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     cfg, task, method, model, step = load_run(folder)
     labels = read_labels(folder)
@@ -265,7 +277,12 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     ctx = Measure(method, model, samples, batch_size, seed, device, stops, per_step, transform, draws,
                   batch_size * cfg.task.train_max, compiled)
     cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
+    # the batch that fits each length, all checked before the first runs (lengthgen.runtime.resources)
+    fits, note = batches_that_fit(cfg, [(variant, length) for _, variant, length in cases], samples, batch_size, device)
+    if note:
+        print(note, file=sys.stderr)
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
+        ctx.batch_size, ctx.window_tokens = fits[variant, length]
         try:
             with autocast(device, precision), confidence_precision(cfg.eval.confidence_precision):
                 results, curve, positions = EVALUATORS[variant.evaluation](ctx, variant, length)
@@ -275,7 +292,7 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         except (MemoryError, RuntimeError) as err:
             if not is_out_of_memory(err):
                 raise
-            raise ResourceError(f"out of memory evaluating length {length} in batches of {batch_size} "
+            raise ResourceError(f"out of memory evaluating length {length} in batches of {ctx.batch_size} "
                                 f"({oom_detail(err)}): lower --batch-size (eval.batch_size); the rows of "
                                 "earlier evaluations stay in eval.csv") from None
         ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
@@ -285,9 +302,11 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
         rows += [row(folder, cfg, length, results[stop].pop("tokens", samples), results[stop],
                      variant.random_baseline(length), step, stop, options, own) for stop in stops]
     rows = with_labels(rows, labels)
-    if out != folder and not (out / "config.toml").exists():
-        shutil.copyfile(folder / "config.toml", out / "config.toml")
-    write_rows(out / "eval.csv", rows, with_labels(old, labels), list(sweep))
+    if out != folder and not (out / "config.toml").exists():  # whole or not at all: a retry must find none
+        checkpoint.write_atomic(out / "config.toml", (folder / "config.toml").read_text(encoding="utf-8"))
+    with rows_lock(out):  # read again: another evaluation may have written rows since
+        old = read_rows(out / "eval.csv") if (out / "eval.csv").exists() else []
+        write_rows(out / "eval.csv", rows, with_labels(old, labels), list(sweep))
     if position_rows:
         write_position_loss(out / POSITION_LOSS, position_rows)
     if cfg.eval.token_contexts:  # per token, fixed context (and the dependence search): lengthgen.evaluation.dependence

@@ -21,12 +21,14 @@ blocks back to eager with a one-line note, and training or evaluation goes on.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 from torch import nn
 
 from lengthgen.model.attention import EAGER_IN_COMPILED_BLOCKS
+from lengthgen.model.narrow_attention import cache_folder
 
 
 def compilable(model: nn.Module) -> str | None:
@@ -44,6 +46,10 @@ def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.co
         print(f"lengthgen: note: {what} is off for this run: {reason}", file=sys.stderr)
         return False
     run_eagerly_in_graphs()
+    # inductor's kernels and graphs (about 150 MB for a run) go to lengthgen's cache folder, not to
+    # $TMPDIR, where nothing clears them (docs/faults.md, "What is left on disk"); a user's own
+    # TORCHINDUCTOR_CACHE_DIR wins
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder() / "inductor"))
     mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs where the device has them
     for block in model.blocks:
         block.compile(dynamic=True, mode=mode)

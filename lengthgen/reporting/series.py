@@ -7,9 +7,12 @@ task options swept in evaluation. A series' value at a length is the mean over
 its seeds with the standard error of that mean (sample standard deviation /
 sqrt(seeds)) and the number of seeds. Runs whose saved configs (config.toml)
 differ in anything but their seeds are never one series: `collect` labels them
-with the keys that differ. Runs of one series that differ in train_max, or at
-one length in baseline or n, are runs of different configs, not seeds:
-`aggregate` refuses to average them. The report's tables
+with the keys that differ, and refuses a run whose config it cannot read (no
+config.toml, or an empty one) where it would be averaged with other runs. The
+replicates of a series are its runs' (train.model_seed, train.data_seed) pairs:
+runs that differ only in their data seed are two seeds of one config. Runs of
+one series that differ in train_max, or at one length in baseline or n, are
+runs of different configs, not seeds: `aggregate` refuses to average them. The report's tables
 (lengthgen.reporting.report) and figures (lengthgen.reporting.figures) read what this module builds.
 """
 from __future__ import annotations
@@ -19,8 +22,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, read, to_dict
-from lengthgen.errors import ConfigError, UserError
+from lengthgen.errors import ConfigError, UserError, path_problem
 from lengthgen.results.rows import BOOKKEEPING, METRICS, cell, metric_names, own_metrics, read_per_step, read_rows
 
 KEYS = ("task", "arm", "method", "position", "stop")  # columns every row has that tell series apart
@@ -35,8 +43,8 @@ def collect(paths: list[Path]) -> list[dict]:
             files = [path]
         elif path.is_dir():
             files = sorted(path.rglob("eval.csv"))
-        else:
-            raise UserError(f"{path} does not exist")
+        else:  # missing, a dangling link, a FIFO, a device: said as what it is
+            raise UserError(f"{path} {path_problem(path, 'run folder or eval.csv')}")
         if not files:
             raise UserError(f"no eval.csv under {path} (run `lengthgen eval RUN_DIR` first)")
         for f in files:
@@ -55,10 +63,19 @@ NOT_CONFIG = RUNTIME_KEYS | set(PER_RUN_KEYS) | {
 
 
 def saved_config(folder: Path) -> dict | None:
-    """The flattened config.toml of a run folder (None where there is none, e.g. a CSV file alone)."""
+    """The flattened config.toml of a run folder (None where there is none, e.g. a CSV file alone).
+    An empty one (truncated, or a placeholder) would read as every default and label the run as
+    another config: it is damaged, as a garbled one is."""
     path = folder / "config.toml"
     if not path.is_file():
         return None
+    try:
+        empty = not tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not TOML or not UTF-8: `read` names what is wrong
+        empty = False
+    if empty:
+        raise UserError(f"{path} is empty, not a readable run config (it would read as every default): restore it, "
+                        "or leave the run out of the report")
     try:
         return flat(to_dict(read(path)))
     except ConfigError as err:
@@ -69,7 +86,10 @@ def label_config_differences(rows: list[dict]) -> None:
     """Runs the report would average as seeds of one series (same task, arm, method, position and
     labels) but whose saved configs differ in more than their seeds get each differing key as a
     label column (e.g. train.lr), as a reproduction labels its runs: two configs are never one
-    series. A run without a config.toml cannot be checked and is said to be so."""
+    series. Each row gets its run's train.data_seed (`data_seed`), which tells replicates apart
+    with the model seed. A run without a config.toml cannot be checked: it is reported only
+    where it is alone in its series (a single run, or an eval.csv of its own), and refused where
+    it would be averaged with other runs (see refuse_unchecked)."""
     configs = {source: saved_config(Path(source)) for source in dict.fromkeys(r["source"] for r in rows)}
     runs = defaultdict(set)
     for r in rows:  # what every row of a run shares; swept options and the stop rule vary within a run
@@ -77,15 +97,33 @@ def label_config_differences(rows: list[dict]) -> None:
              tuple(sorted((k, v) for k, v in r.items() if "." in k))].add(r["source"])
     added = {}
     for sources in runs.values():
+        if len(sources) > 1 and any(configs[s] is None for s in sources):
+            refuse_unchecked([r for r in rows if r["source"] in sources], configs)
         known = sorted(s for s in sources if configs[s] is not None)
-        if 0 < len(known) < len(sources):
-            print(f"note: no config.toml in {', '.join(sorted(set(sources) - set(known)))}: averaged as seeds "
-                  "with the runs that share their labels, without checking their configs", file=sys.stderr)
         keys = sorted({k for s in known for k in configs[s]} - NOT_CONFIG)
         differ = [k for k in keys if len({repr(configs[s].get(k)) for s in known}) > 1]
         added.update({s: {k: cell(configs[s].get(k, "")) for k in differ} for s in known})
     for r in rows:
         r.update(added.get(r["source"], {}))
+        if configs[r["source"]] is not None:
+            r["data_seed"] = configs[r["source"]].get("train.data_seed", "")
+
+
+def refuse_unchecked(rows: list[dict], configs: dict) -> None:
+    """Runs that share a series' labels, some without a config.toml: nothing tells their configs
+    apart, so averaging them as seeds could mix two configs. Refused rather than reported each
+    alone under a made-up label: a report's series stay what a grid or a config names, and the
+    fix (copy the run's config.toml beside its eval.csv; `lengthgen eval --out` writes one) is
+    one step. Unchecked runs whose rows already differ in train_max, baseline or n are named by that."""
+    unchecked = [r for r in rows if configs[r["source"]] is None]
+    check_same_config(unchecked, key_columns(unchecked))
+    unread = sorted({r["source"] for r in unchecked})
+    others = sorted({r["source"] for r in rows} - set(unread))
+    peers = f"those of {', '.join(others[:3] + ['…'] * (len(others) > 3))}" if others else "each other"
+    whose = "its" if len(unread) == 1 else "their"
+    raise UserError(f"no config.toml in {', '.join(unread)}: {whose} rows would be averaged as seeds with {peers} "
+                    "without checking that the configs are one; put each run's config.toml beside its eval.csv, "
+                    "or report the runs one at a time")
 
 
 def key_columns(rows: list[dict], measured: tuple[str, ...] = ()) -> list[str]:
@@ -136,6 +174,12 @@ def check_same_config(rows: list[dict], keys: list[str]) -> None:
                 refuse(other, r, field, f" at length {r['length']}")
 
 
+def replicate(row: dict) -> tuple[str, str]:
+    """Which replicate of its config a row's run is: its model seed and its data seed (read from the
+    run's config.toml by `collect`; "" where unknown), as text, so that results.csv reads alike."""
+    return str(row["seed"]), str(row.get("data_seed", ""))
+
+
 def aggregate(rows: list[dict]) -> list[dict]:
     """One row per series and length: the key columns, `series` (its key without the task, as
     ((column, value), ...)), each metric's mean (accuracy's standard error as `stderr`, the
@@ -148,8 +192,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
     out = []
     for (values, length), rs in sorted(groups.items(), key=lambda item: (tuple(map(str, item[0][0])), item[0][1])):
         key = dict(zip(keys, values))
-        if len({r["seed"] for r in rs}) != len(rs):
-            twice = sorted({str(r.get("source", r.get("run"))) for r in rs if [q["seed"] for q in rs].count(r["seed"]) > 1})
+        seeds = [replicate(r) for r in rs]
+        if len(set(seeds)) != len(rs):
+            twice = sorted({str(r.get("source", r.get("run"))) for r, s in zip(rs, seeds) if seeds.count(s) > 1})
             raise UserError(f"{describe(tuple(key.items()))} has several rows for one seed at length {length} "
                             f"(from {', '.join(twice)}): runs of one config need different seeds; pass each run once")
         a = {**key, "series": tuple((k, v) for k, v in key.items() if k != "task"), "length": length,

@@ -94,6 +94,8 @@ class Grid:
             raise UserError(f"{self.path} cannot be read: {err}") from None
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"{self.path} is not valid TOML: {err}") from None
+        except RecursionError:  # tomllib recurses per level of nesting
+            raise UserError(f"{self.path} is nested too deeply to read (a grid is a few tables deep)") from None
         self.fail_unless(isinstance(self.data.get("scales"), dict) and self.data["scales"],
                          "declares no scale: add a [scales.cpu] table (it may be empty)")
         self.scales = list(self.data["scales"])

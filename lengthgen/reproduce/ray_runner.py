@@ -22,8 +22,11 @@ resumes from the run's last checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -33,11 +36,33 @@ from tqdm.auto import tqdm
 
 from lengthgen.config.presets import load
 from lengthgen.config.schema import from_data
-from lengthgen.errors import UserError
+from lengthgen.errors import ResourceError, UserError
 from lengthgen.reproduce.grid import Job
 
 RAY_MISSING = "--backend ray needs Ray: pip install 'lengthgen[ray]'"
 RETRIES = 3  # of a run whose worker or node died (Ray's default, stated here)
+# what ray.init takes: auto, local, or [ray://]HOST:PORT (a host name, an IPv4 address or a bracketed IPv6 one)
+ADDRESS = re.compile(r"auto|local|(?:ray://)?(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+                     r":(?P<port>[0-9]{1,5})")
+# a head node answers a TCP connection in milliseconds; Ray's own client retries for minutes
+# (over 400 s at 127.0.0.1:1) before it gives up, so the head is tried once first, for this long
+CONNECT_TIMEOUT = 10.0
+
+
+def check_address(address: str) -> None:
+    """UserError for an address of the wrong form, ResourceError for a head that does not answer
+    within CONNECT_TIMEOUT seconds; `auto` and `local` are left to Ray (it finds or starts one)."""
+    found = ADDRESS.fullmatch(address)
+    if found is None or (found["port"] is not None and not 1 <= int(found["port"]) <= 65535):
+        raise UserError(f"--address {address!r} is not a Ray address: give auto, HOST:PORT or ray://HOST:PORT")
+    if found["host"] is None:
+        return
+    try:
+        socket.create_connection((found["host"].strip("[]"), int(found["port"])), timeout=CONNECT_TIMEOUT).close()
+    except OSError as err:  # refused, unreachable, unknown host, timed out
+        reason = err.strerror or str(err) or type(err).__name__
+        raise ResourceError(f"Cannot reach the Ray cluster at {address} ({reason}): start its head "
+                            "(ray start --head) or check --address") from None
 
 
 def require():
@@ -74,6 +99,25 @@ def failure(job: Job, seconds: float, error: str, detail: str = "") -> dict:
     return {"folder": job.folder, "ok": False, "seconds": seconds, "error": error, "traceback": detail or error}
 
 
+def session_folder(ray) -> Path | None:
+    """The session folder (logs, sockets, spilled objects) of the local Ray instance this process
+    started, under Ray's temp folder ($RAY_TMPDIR, else $TMPDIR/ray or /tmp/ray); None where this Ray
+    does not say (the attribute is Ray's own, not public)."""
+    try:
+        return Path(ray._private.worker._global_node.get_session_dir_path())
+    except (AttributeError, TypeError):
+        return None
+
+
+def remove_session(session: Path) -> None:
+    """Remove the session folder of a local instance once it is shut down (Ray leaves one per run in
+    the temp folder, and nothing clears them), with Ray's `session_latest` link if it names it."""
+    shutil.rmtree(session, ignore_errors=True)
+    latest = session.parent / "session_latest"
+    if latest.is_symlink() and Path(os.readlink(latest)).name == session.name:
+        latest.unlink(missing_ok=True)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -86,7 +130,13 @@ def run_on_ray(run_job, jobs: list[Job], out: Path, address: str | None, progres
     started = not ray.is_initialized()
     if started:
         # a local instance without a dashboard starts faster; a cluster keeps its own settings
-        ray.init(address=address, **({} if address else {"include_dashboard": False}))
+        try:
+            ray.init(address=address, **({} if address else {"include_dashboard": False}))
+        except ConnectionError as err:  # no cluster where `auto` looked, a head that went away
+            text = str(err).strip().splitlines()
+            raise ResourceError(f"Cannot reach the Ray cluster at {address or 'a new local instance'}"
+                                f"{': ' + text[0] if text else ''}") from None
+    session = session_folder(ray) if started and not address else None  # a local instance of ours
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     pending = {}
@@ -124,6 +174,8 @@ def run_on_ray(run_job, jobs: list[Job], out: Path, address: str | None, progres
             signal.signal(signal.SIGTERM, previous)
         if started:
             ray.shutdown()
+        if session is not None:
+            remove_session(session)
     failed = sum(not r["ok"] for r in results)
     print(f"{len(results)} runs done on Ray in {time.perf_counter() - start:.0f} s of wall time ({failed} failed)",
           file=sys.stderr)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lengthgen.config.presets import load
+from lengthgen.config.presets import load, load_saved
 from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, flat, from_data, parse_lengths, parse_override, to_dict
-from lengthgen.errors import UserError
+from lengthgen.errors import RunsFailed, UserError
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX
 from lengthgen.results.rows import LABELS
 from lengthgen.reproduce import grid as grids
@@ -48,7 +48,7 @@ def config_difference(folder: Path, cfg) -> str | None:
     saved = folder / "config.toml"
     if not saved.is_file():
         return None
-    old, new = flat(to_dict(load(saved))), flat(to_dict(cfg))
+    old, new = flat(to_dict(load_saved(saved))), flat(to_dict(cfg))
     for key in sorted(set(old) | set(new)):
         if key not in RUNTIME_KEYS and old.get(key) != new.get(key):
             return f"{key} is {old.get(key)!r} there, {new.get(key)!r} here"
@@ -244,6 +244,9 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
     jobs = grids.plan(grid, scale, tasks, arms, seeds, out, workers, samples, extra, threads)
+    if not jobs:  # every chosen task runs only other arms
+        runs = "; ".join(f"{task} runs {', '.join(grid.arms_of(scale, task))}" for task in tasks)
+        raise UserError(f"--tasks and --arms select no run of {grid.name} ({runs})")
     from lengthgen.config.presets import longest_sequence
     from lengthgen.runtime.devices import check_precision, pick_device
     from lengthgen.runtime.resources import check_fits
@@ -283,9 +286,13 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
                              + [arg for e in extra or [] for arg in ("--set", e)])
         evaluated = [Path(r["folder"]) for r in results if r["ok"]]
         if not evaluated:
-            raise UserError(f"every run failed; see {out / 'failures.txt'}")
-        return write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
-                            failures=[r["folder"] + ": " + r["error"] for r in failed], layout=layout)
+            raise RunsFailed(f"every run failed ({len(failed)}); see {out / 'failures.txt'}")
+        report = write_report(evaluated, out, title=f"{spec['title']}: {scale} scale", command=command,
+                              failures=[r["folder"] + ": " + r["error"] for r in failed], layout=layout)
+        if failed:  # the report of the others is written; the exit code still says the grid is incomplete
+            raise RunsFailed(f"{len(failed)} of {len(results)} runs failed (see {out / 'failures.txt'}); "
+                             f"{report} reports the other {len(evaluated)}", report)
+        return report
 
 
 LIVE_SECONDS = 3.0  # how often the progress line reads the running runs' logs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -22,12 +23,29 @@ COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length",
 # Method.metric_names), named in the row's `metrics` cell (space-separated), so that a reader
 # needs no registry to tell a metric from a swept option.
 METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged over seeds; tasks add theirs
-BOOKKEEPING = ("run", "seed", "n", "train_max", "baseline", "step", "source", "metrics")  # per run, not what tells series apart
+# per run, not what tells series apart; a report adds data_seed (train.data_seed) from the run's config.toml
+BOOKKEEPING = ("run", "seed", "data_seed", "n", "train_max", "baseline", "step", "source", "metrics")
 PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
                     "confidence", "oracle_step", "train_max"]
 POSITION_LOSS = "position_loss.csv"  # in a run folder of a language-model task: window,position,loss
 LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its rows carry (written by reproduce)
 
+
+# What each number of a row may be, as evaluation writes it: (lowest, highest, NaN allowed). accuracy,
+# token_accuracy (shares of samples or tokens) and baseline (the chance of a random guess, 0 where it
+# underflows for long answers) are probabilities; stop_step is NaN where no stop rule ran (evaluate.row
+# writes NaN then), else an iteration; n counts test samples (tokens for a text task), so it is positive.
+# A value outside its range is an edited or damaged file, and a named error rather than a mean. The
+# task's and method's own metrics are only read as numbers: without a registry their ranges are unknown.
+EVAL_RANGES = {"accuracy": (0, 1, False), "token_accuracy": (0, 1, False), "baseline": (0, 1, False),
+               "stop_step": (0, math.inf, True), "n": (1, math.inf, False), "step": (0, math.inf, False)}
+# per_step.csv: oracle_step is T(n) averaged over samples; confidence (-log max softmax) is left
+# unchecked: a broken model's non-finite logits make it +inf, and evaluation writes that as it is
+PER_STEP_RANGES = {"accuracy": (0, 1, False), "oracle_step": (0, math.inf, False), "n": (1, math.inf, False),
+                   "iteration": (1, math.inf, False)}
+
+# what a damaged result file asks for: `lengthgen eval` reads the eval.csv it merges into, so it must go first
+AGAIN = "move it away and evaluate the run again"
 
 # eval.csv written before 2026-11-26 did not name its own metrics; these were all there were
 OLD_OWN_METRICS = ("perplexity", "loss", "glitch_rate", "sequence_accuracy", "id_accuracy")
@@ -78,8 +96,9 @@ def write_position_loss(path: Path, rows: list[dict]) -> None:
     write_csv(path, sorted(old + rows, key=lambda r: (r["window"], r["position"])), ["window", "position", "loss"])
 
 
-def read_position_loss(path: Path) -> list[dict]:
-    return read_table(path, ["window", "position", "loss"], ("window", "position"), ("loss",))
+def read_position_loss(path: Path) -> list[dict]:  # loss is NaN at positions no window scored
+    return read_table(path, ["window", "position", "loss"], ("window", "position"), ("loss",),
+                      ranges={"loss": (0, math.inf, True)})
 
 
 def relabel(folder: Path) -> None:
@@ -101,21 +120,40 @@ def columns_of(rows: list[dict], first: list[str]) -> list[str]:
     return list(first) + extra
 
 
-def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tuple[str, ...],
-               defaults: dict | None = None) -> list[dict]:
-    """Typed rows of a CSV this module wrote. A missing column or a value that is not a
-    number (a truncated or hand-edited file) is a UserError naming the file and line."""
+def read_text(path: Path) -> str:
+    """A UTF-8 file this project wrote, a byte-order mark dropped (a spreadsheet saving the CSV
+    adds one); bytes that are not UTF-8 are a UserError naming the file and line."""
     path = Path(path)
+    data = path.read_bytes()
     try:
-        text = path.read_bytes().decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        line = path.read_bytes()[:err.start].count(b"\n") + 1
-        raise UserError(f"{path} line {line} is not text (binary data?); evaluate the run again") from None
+        line = data[:err.start].count(b"\n") + 1
+        raise UserError(f"{path} line {line} is not text (binary data?); {AGAIN}") from None
+
+
+def check_range(path: Path, line: int, key: str, value: float, raw: str, bounds: tuple) -> None:
+    """A typed cell within `bounds` (lowest, highest, NaN allowed), else a UserError naming it."""
+    lo, hi, nan = bounds
+    if (math.isnan(value) and nan) or (math.isfinite(value) and lo <= value <= hi):
+        return
+    why = "not a finite number" if not math.isfinite(value) else \
+        f"not between {lo:g} and {hi:g}" if hi < math.inf else "not positive" if lo > 0 else "negative"
+    raise UserError(f"{path} line {line}: {key} is {raw!r}, {why} (edited or damaged?); {AGAIN}")
+
+
+def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tuple[str, ...],
+               defaults: dict | None = None, ranges: dict | None = None) -> list[dict]:
+    """Typed rows of a CSV this module wrote. A missing column, a value that is not a number
+    (a truncated or hand-edited file) or one outside its `ranges` entry (see EVAL_RANGES) is a
+    UserError naming the file and line."""
+    path = Path(path)
+    text = read_text(path)
     if text and not text.endswith("\n"):  # every line the csv writer writes ends in one
-        raise UserError(f"{path} ends in the middle of a line (truncated?); evaluate the run again")
+        raise UserError(f"{path} ends in the middle of a line (truncated?); {AGAIN}")
     if "\0" in text:
         raise UserError(f"{path} line {text[:text.index(chr(0))].count(chr(10)) + 1} holds a NUL byte (damaged?); "
-                        "evaluate the run again")
+                        f"{AGAIN}")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     rows, header = list(reader), reader.fieldnames
     if not header:
@@ -127,11 +165,14 @@ def read_table(path: Path, columns: list[str], ints: tuple[str, ...], floats: tu
         for key, value in (defaults or {}).items():  # files written before a column existed
             r.setdefault(key, value)
         for key, kind in [(k, int) for k in ints] + [(k, float) for k in floats]:
+            raw = r[key]
             try:
-                r[key] = kind(r[key])
+                r[key] = kind(raw)
             except (TypeError, ValueError):
-                raise UserError(f"{path} line {line}: {key} is {r[key]!r}, not a number "
-                                "(truncated or edited? evaluate the run again)") from None
+                raise UserError(f"{path} line {line}: {key} is {raw!r}, not a number (truncated or edited?); "
+                                f"{AGAIN}") from None
+            if key in (ranges or {}):
+                check_range(path, line, key, r[key], raw, ranges[key])
     return rows
 
 
@@ -140,7 +181,7 @@ def read_rows(path: Path) -> list[dict]:
     labels and swept options stay text)."""
     rows = read_table(path, COLUMNS, ("seed", "length", "n", "train_max", "step"),
                       ("accuracy", "token_accuracy", "baseline", "stop_step"),
-                      {"stop": "", "stop_step": "nan", "arm": "", "metrics": None})
+                      {"stop": "", "stop_step": "nan", "arm": "", "metrics": None}, EVAL_RANGES)
     for line, r in enumerate(rows, start=2):
         if r["metrics"] is None:  # a file from before 2026-11-26
             r["metrics"] = " ".join(m for m in OLD_OWN_METRICS if m in r)
@@ -148,15 +189,15 @@ def read_rows(path: Path) -> list[dict]:
             try:
                 r[name] = float(r.get(name, "nan") or "nan")
             except ValueError:
-                raise UserError(f"{path} line {line}: {name} is {r[name]!r}, not a number "
-                                "(truncated or edited? evaluate the run again)") from None
+                raise UserError(f"{path} line {line}: {name} is {r[name]!r}, not a number (truncated or edited?); "
+                                f"{AGAIN}") from None
     return rows
 
 
 def read_per_step(path: Path) -> list[dict]:
     """The rows of a per_step.csv, typed."""
     return read_table(path, PER_STEP_COLUMNS, ("seed", "length", "n", "iteration", "train_max"),
-                      ("accuracy", "confidence", "oracle_step"), {"arm": ""})
+                      ("accuracy", "confidence", "oracle_step"), {"arm": ""}, PER_STEP_RANGES)
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:

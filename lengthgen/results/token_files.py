@@ -4,10 +4,13 @@ needed, lengthgen.evaluation.dependence) and RUN/token_eval.json (what they cost
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
 import numpy as np
+
+from lengthgen.results.rows import read_text
 
 DEPENDENCE = "dependence.csv"
 TOKEN_LOSS = "token_loss.csv"
@@ -34,8 +37,9 @@ def write_token_losses(path: Path, losses: dict[str, np.ndarray]) -> None:
 
 
 def read_token_losses(path: Path) -> dict[str, np.ndarray]:
-    """token_loss.csv back as columns; a damaged file is a ValueError naming it and the line."""
-    with open(path, newline="") as f:
+    """token_loss.csv back as columns; a damaged file is a ValueError naming it and the line (bytes
+    that are not UTF-8 a UserError naming them; a byte-order mark is dropped)."""
+    with io.StringIO(read_text(path), newline="") as f:
         reader = csv.reader(f)
         head = next(reader, None)
         if not head or head[:3] != ["document", "position", "token"] or not all(h.startswith("loss_") for h in head[3:]):
@@ -53,7 +57,7 @@ def read_token_losses(path: Path) -> dict[str, np.ndarray]:
 
 
 def read_dependence(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
+    with io.StringIO(read_text(path), newline="") as f:  # as read_token_losses
         reader = csv.DictReader(f)
         if reader.fieldnames != DEPENDENCE_COLUMNS:
             raise ValueError(f"{path} is not a dependence.csv (its header is {reader.fieldnames!r})")

@@ -15,7 +15,10 @@ only tensors and the optimizer file is read with `weights_only=True`. Loading
 checks state.json's keys and types and each file against its recorded sha256
 (a flipped byte in a weight file is still a valid file), so a damaged
 checkpoint is a one-line UserError, never a traceback or silently wrong weights.
-Checkpoints written before the digests were recorded (2026-11-23) load unchecked.
+state.json holds a digest of its own too (`state_sha256`, over its other content), so an edited
+config or step is refused rather than used. Checkpoints written before the file digests were
+recorded (2026-11-23) load unchecked, and state.json files written before their own digest
+(2026-11-27) load without that check.
 """
 from __future__ import annotations
 
@@ -38,16 +41,31 @@ from lengthgen.errors import ConfigError, ResourceError, UserError
 from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, human_bytes, os_error_line
 
 LATEST = "latest"
-# state.json's keys: (Python type, JSON type, required); checkpoints before digests have no "sha256"
+SELF_DIGEST = "state_sha256"  # state.json's own digest (see state_digest)
+# state.json's keys: (Python type, JSON type, required); checkpoints before digests have no "sha256",
+# and those before 2026-11-27 no SELF_DIGEST
 STATE_KEYS = {"config": (dict, "object", True), "step": (int, "integer", True), "data_rng": (str, "string", True),
               "torch_rng": (str, "string", True), "finished": (bool, "boolean", False),
-              "sha256": (dict, "object", False)}
+              "sha256": (dict, "object", False), SELF_DIGEST: (str, "string", False)}
+RNG_BYTES = torch.get_rng_state().numel()  # a CPU generator's state, as encode_state writes it
+
+
+def state_digest(state: dict) -> str:
+    """sha256 of state.json's content without its own digest, serialised canonically (sorted keys,
+    no spaces): JSON numbers and strings read back to the same text, so the digest does not depend
+    on how the file was indented."""
+    content = {k: v for k, v in state.items() if k != SELF_DIGEST}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole, or is left as it was: a full disk leaves no partial file behind."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def encode_state(state: torch.Tensor) -> str:
@@ -93,7 +111,8 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
         torch.save(optimizer.state_dict(), serialised)
         (tmp / "optimizer.pt").write_bytes(serialised.getbuffer())
         digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "sha256": digests}, indent=1))
+        content = {**state, "step": step, "sha256": digests}
+        (tmp / "state.json").write_text(json.dumps({**content, SELF_DIGEST: state_digest(content)}, indent=1))
         # safetensors writes its files 0600; every file of a run gets the mode the umask gives the others
         # (state.json's), so a colleague on a shared filesystem can evaluate the run
         mode = (tmp / "state.json").stat().st_mode & 0o777
@@ -143,12 +162,13 @@ def checkpoint_fault(err: Exception, folder: Path, step: int, parts) -> Exceptio
 
 def latest(folder: Path) -> Path | None:
     """The newest complete checkpoint, as `latest` names it. The pointer names a step folder of its
-    own run and nothing else (not a path); a damaged one is skipped with a note for the newest
-    complete step folder, as a checkpoint's own files are whole or absent."""
+    own run and nothing else (not a path); a damaged or missing one is skipped with a note for the
+    newest complete step folder, as a checkpoint's own files are whole or absent (a kill between
+    renaming a checkpoint into place and writing `latest` leaves one so). None: no checkpoint."""
     root = folder / "checkpoints"
     pointer = root / LATEST
-    if not pointer.is_file():
-        return None
+    if not pointer.is_file() and not pointer.is_symlink():
+        return newest_complete(root, f"{pointer} is missing") if root.is_dir() else None
     try:
         name = pointer.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
@@ -158,13 +178,19 @@ def latest(folder: Path) -> Path | None:
         if not (path / "state.json").is_file():
             raise UserError(f"checkpoint {path} named by {pointer} is missing or incomplete")
         return path
-    complete = sorted(p for p in root.glob("step_*") if re.fullmatch(r"step_\d{8}", p.name) and (p / "state.json").is_file())
-    if not complete:
+    found = newest_complete(root, f"{pointer} is damaged")
+    if found is None:
         raise UserError(f"{pointer} is damaged ({name[:40]!r} is not a step_NNNNNNNN checkpoint of this run) "
                         "and no complete checkpoint is left beside it")
-    print(f"lengthgen: note: {pointer} is damaged; using the newest complete checkpoint, {complete[-1].name}",
-          file=sys.stderr)
-    return complete[-1]
+    return found
+
+
+def newest_complete(root: Path, why: str) -> Path | None:
+    """The newest step folder under `root` that holds its state.json (written last), noted with `why`."""
+    complete = sorted(p for p in root.glob("step_*") if re.fullmatch(r"step_\d{8}", p.name) and (p / "state.json").is_file())
+    if complete:
+        print(f"lengthgen: note: {why}; using the newest complete checkpoint, {complete[-1].name}", file=sys.stderr)
+    return complete[-1] if complete else None
 
 
 def read_state(path: Path) -> dict:
@@ -184,11 +210,27 @@ def read_state(path: Path) -> dict:
             raise UserError(f"checkpoint {file} is corrupt: {key!r} must be a JSON {json_name}, got {value!r:.40}")
     if state["step"] < 0 or not all(isinstance(d, str) for d in state.get("sha256", {}).values()):
         raise UserError(f"checkpoint {file} is corrupt: a negative 'step' or a 'sha256' entry that is not a string")
+    check_rng_sizes(file, state)  # before the digest: a damaged RNG state is named as such
+    if SELF_DIGEST in state and state[SELF_DIGEST] != state_digest(state):  # absent: written before 2026-11-27
+        raise UserError(f"checkpoint {file} was changed after it was written (its content no longer matches its "
+                        f"{SELF_DIGEST}); nothing is loaded from it: undo the edit or restore the file")
     try:  # callers build the config again with from_dict: it must not fail there, unnamed
         from_dict(state["config"])
     except ConfigError as err:
         raise ConfigError(f"checkpoint {file} holds a bad config: {err}") from None
     return state
+
+
+def check_rng_sizes(file: Path, state: dict) -> None:
+    """Each RNG state decodes to a CPU generator's state (the data stream's and torch's both are)."""
+    for key in ("data_rng", "torch_rng"):
+        try:
+            size = decode_state(state[key]).numel()
+        except (ValueError, RuntimeError) as err:  # bad base64
+            raise UserError(f"checkpoint {file} has a corrupt {key}: {str(err).splitlines()[0]}") from None
+        if size != RNG_BYTES:
+            raise UserError(f"checkpoint {file} has a corrupt {key}: {size} bytes, not a generator state "
+                            f"of {RNG_BYTES}")
 
 
 def check_digest(file: Path, digests: dict | None) -> None:

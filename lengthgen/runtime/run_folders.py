@@ -6,15 +6,19 @@ lengthgen config's sections and nothing but the files a run, its evaluation and
 a report write (RUN_NAMES), and never the current folder or one that holds it.
 A report or a reproduction overwrites report.md, results.csv and timing.csv only
 where lengthgen wrote them (recognised by their first lines). Two reproductions
-never write one --out at once: the first takes a lock on it.
+never write one --out at once: the first takes a lock on it. One `train` at a time writes a run
+folder, and evaluations of it wait for no training (run_lock); their rows are merged under a lock.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
+import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -22,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from lengthgen.errors import UserError
+from lengthgen.errors import ResourceError, UserError
 
 # Everything a run folder may hold: training (config, metrics, checkpoints, a BPE tokenizer, the
 # trackers' folders), evaluation (eval.csv and what sits beside it) and a report written into it.
@@ -37,10 +41,11 @@ UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", "series.json", "tens
 OWN_FIRST_LINES = {"results.csv": re.compile(r"run,task,method,"), "timing.csv": re.compile(r"run,ok,seconds$")}
 REPORT_MARK = "Every number below is rebuilt from those rows."  # a line of every report.md
 LOCK = ".reproduce.lock"
+EVAL_LOCK = ".eval.lock"  # inside the folder eval.csv is written to, while rows are merged
 
 
-def _temporary(name: str) -> bool:  # an atomic write's leftover: .<name>.tmp
-    return name.startswith(".") and name.endswith(".tmp")
+def _temporary(name: str) -> bool:  # an atomic write's leftover, .<name>.tmp, or a held lock
+    return name.startswith(".") and (name.endswith(".tmp") or name == EVAL_LOCK)
 
 
 def foreign(folder: Path) -> str | None:
@@ -57,7 +62,7 @@ def foreign(folder: Path) -> str | None:
         data = tomllib.loads((folder / "config.toml").read_text(encoding="utf-8"))
     except FileNotFoundError:
         return "it has no config.toml"
-    except (OSError, ValueError):  # unreadable, not UTF-8 or not TOML
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not TOML or nested past reading
         data = {}
     if "task" not in data or not set(data) <= SECTIONS:
         return "its config.toml is not a lengthgen config"
@@ -121,7 +126,7 @@ def check_writable(folder: Path, hint: str) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        raise UserError(f"cannot write into {folder}: {err.strerror or err}; {hint}") from None
+        raise ResourceError(f"cannot write into {folder}: {err.strerror or err}; {hint}") from None
 
 
 def check_eval_out(out: Path, run: Path) -> None:
@@ -133,31 +138,119 @@ def check_eval_out(out: Path, run: Path) -> None:
         raise UserError(f"--out {out} holds files other than an evaluation of {run}; give a new or empty folder")
 
 
-class OutLock:
-    """An exclusive lock on a reproduction's --out for as long as it runs: a second
-    `lengthgen reproduce` on the same folder stops with one line instead of training the
-    same runs and deleting the other's unstarted folders (flock; on NFS, Linux maps it to
-    a POSIX lock that the server keeps)."""
+def holder_line() -> str:
+    """`pid N: lengthgen train ...`: who holds a lock, for the one line that refuses a second writer."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("lengthgen", "__main__.py"):
+        argv[0] = "lengthgen"
+    return f"pid {os.getpid()}: {shlex.join(argv)}"
 
-    def __init__(self, out: Path):
-        self.path = Path(out) / LOCK
 
-    def __enter__(self) -> "OutLock":
-        self.file = open(self.path, "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "another process"
-            self.file.close()
-            raise UserError(f"another lengthgen reproduce ({holder}) is writing to {self.path.parent}; "
-                            "wait for it to finish or give another --out") from None
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"pid {os.getpid()}\n")
-        self.file.flush()
+class FolderLock:
+    """A lock (flock) on the file `path` for as long as a command writes what it guards: one
+    writer at a time (exclusive), or readers beside each other but never beside a writer
+    (`shared`). It refuses at once with one line naming the holders (pid and command), or, with
+    `wait`, waits up to that many seconds (a short merge). The file is removed on release by the
+    last holder; a process that locked a file removed meanwhile sees another inode at `path` and
+    tries again, so two processes never hold two files of one name. On NFS, Linux maps flock to a
+    POSIX lock that the server keeps."""
+
+    def __init__(self, path: Path, what: str, shared: bool = False, wait: float = 0.0,
+                 advice: str = "wait for it to finish"):
+        self.path, self.what, self.shared, self.wait, self.advice = Path(path), what, shared, wait, advice
+
+    def __enter__(self) -> "FolderLock":
+        deadline = time.monotonic() + self.wait
+        mode = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
+        while True:
+            try:
+                file = open(self.path, "a+")
+            except OSError as err:
+                if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                if not self.shared:
+                    raise ResourceError(f"cannot write into {self.path.parent} for {self.what}: {err.strerror}; "
+                                        "give a folder you can write (--out)") from None
+                self.file = None  # a reader of a run it cannot write (eval --out) reads it unlocked, as
+                return self  # nothing of this user's can write it either
+            try:
+                fcntl.flock(file, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holders = self.holders(file)
+                file.close()
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise UserError(f"{self.what} is in use by {holders}; {self.advice}") from None
+            if self.same_file(file):
+                break
+            file.close()  # removed by its last holder between our open and our lock: take the new one
+        self.file = file
+        if not self.shared:  # the one holder: a killed holder's line goes
+            file.truncate(0)
+        file.write(f"{holder_line()}\n")  # appended: shared holders each add their line
+        file.flush()
         return self
 
+    def same_file(self, file) -> bool:
+        try:
+            return os.stat(self.path).st_ino == os.fstat(file.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
+    def holders(self, file) -> str:
+        """The holders' lines whose process still runs (a shared lock's file keeps finished readers' lines)."""
+        file.seek(0)
+        lines = [line for line in file.read().splitlines() if line.strip()]
+        alive = [line for line in lines if pid_alive(line)]
+        return "; ".join(alive or lines) or "another lengthgen process"
+
     def __exit__(self, *exc) -> None:
+        if self.file is None:
+            return
+        try:  # the last holder removes the file: only it can take the lock exclusively
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self.same_file(self.file):
+                self.path.unlink(missing_ok=True)
+        except (BlockingIOError, OSError):
+            pass
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+def pid_alive(line: str) -> bool:
+    found = re.match(r"pid (\d+):", line)
+    if not found:
+        return True
+    try:
+        os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
+
+
+def run_lock(folder: Path, shared: bool = False) -> FolderLock:
+    """The lock of one run folder, held by `train` (exclusive: from before the folder is made until
+    it ends; --force and --resume take it first) and by `eval` (shared). Its file sits beside the
+    folder, `.<name>.lock`, so deleting or making the folder never touches it."""
+    folder = Path(folder).resolve()  # a run reached through a symbolic link is locked as itself
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ResourceError(f"cannot make run folder {folder}: {err.strerror}; give a folder you can write (--out)") from None
+    return FolderLock(folder.parent / f".{folder.name}.lock", f"run folder {folder}", shared)
+
+
+def rows_lock(out: Path) -> FolderLock:
+    """Held while an evaluation merges its rows into OUT/eval.csv: two evaluations of one run keep
+    both sets of rows. A merge takes well under a second; another's is waited for."""
+    return FolderLock(Path(out) / EVAL_LOCK, f"{Path(out) / 'eval.csv'}", wait=120.0)
+
+
+def OutLock(out: Path) -> FolderLock:
+    """The lock on a reproduction's --out for as long as it runs: a second `lengthgen reproduce` on
+    the same folder stops with one line instead of training the same runs and deleting the other's
+    unstarted folders."""
+    return FolderLock(Path(out) / LOCK, f"--out {out}", advice="wait for it to finish or give another --out")

@@ -30,6 +30,12 @@ from torch import Tensor
 IGNORE = -100  # target value of unscored positions (torch's cross-entropy default)
 SPECIALS = ("<pad>", "<eos>", "_")  # every vocabulary starts with these three
 PAD, EOS, BLANK = 0, 1, 2
+# The most looped steps per unit of problem length any task's T(n) may take: T(n) <= this x n. Only
+# multiplication's T(n) = len(a) x n exceeds n, and its len(a) is capped here: sampling costs
+# len(a) x (len(a) + n) per sample (measured on one CPU thread, 256 samples of n = 1,000: 0.27 s
+# at 64 bits, 1.8 s at 256, 15 s at 1,024), and a is "a short number" (1 or 2 bits in the papers).
+# The stop rules' cap on iterations (lengthgen.methods.looped.stop_rules.MAX_STEPS) follows from it.
+MAX_STEPS_PER_LENGTH = 64
 MAX_VOCAB = 2 ** 20  # the largest vocabulary a task option may ask for: one embedding row per token
 
 

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lengthgen.errors import path_problem
+
 from .base import EOS, MAX_VOCAB, SPECIALS
 
 SPLITS = ("train", "validation", "test")
@@ -89,7 +91,7 @@ def split_of(name: str) -> str:
 def folder_documents(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
     """Every file under `folder` whose name ends in one of `suffixes`, in name order."""
     if not folder.is_dir():
-        raise CorpusError(f"corpus folder {folder} does not exist")
+        raise CorpusError(f"corpus folder {folder} {path_problem(folder, 'folder')}")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(suffixes))
     if not files:
         raise CorpusError(f"corpus folder {folder} holds no {' / '.join(suffixes)} files")
@@ -321,6 +323,15 @@ class Corpus:
         return folder
 
     def build(self, folder: Path) -> None:
+        """The token files and meta.json (written last: a folder without it is rebuilt). A build that
+        fails (a full disk) removes its temporary files, so a retry starts clean."""
+        try:
+            self.write_tokens(folder)
+        finally:
+            for tmp in (*folder.glob(".*.bin.tmp"), folder / "meta.json.tmp"):
+                tmp.unlink(missing_ok=True)
+
+    def write_tokens(self, folder: Path) -> None:
         bpe = self.train_bpe(folder) if self.tokenizer == "bpe" else None
         dtype = np.uint16 if self.vocab_size <= 2**16 else np.uint32
         meta = {"format": FORMAT, "source": self.source, "path": str(self.path), "tokenizer": self.tokenizer,

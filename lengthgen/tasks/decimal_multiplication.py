@@ -28,6 +28,9 @@ from .base import EOS, IGNORE, Batch, Task, assemble, prefix_mask
 from .decimal_addition import START, check_flag, exact_digits
 
 
+MAX_B_DIGITS = 1000
+
+
 class DecimalMultiplication(Task):
     name = "decimal_multiplication"
     tokens = tuple("0123456789") + ("*", "=")
@@ -37,8 +40,11 @@ class DecimalMultiplication(Task):
 
     def __init__(self, *, b_digits: int = 2, coupled: bool = False, leading_zero: bool = True,
                  bos: bool = False, eos: bool = False):
-        if not isinstance(b_digits, int) or isinstance(b_digits, bool) or b_digits < 1:
-            raise ValueError(f"decimal_multiplication: b_digits must be an integer >= 1, got {b_digits!r}")
+        # b is the short factor (N x 2 in the grids): past 1,000 digits a batch's schoolbook products take
+        # seconds (1.2 s for 256 samples at 10,000, measured) and validation would seem to hang
+        if not isinstance(b_digits, int) or isinstance(b_digits, bool) or not 1 <= b_digits <= MAX_B_DIGITS:
+            raise ValueError(f"decimal_multiplication: b_digits must be an integer in [1, {MAX_B_DIGITS:,}], "
+                             f"got {b_digits!r}")
         for flag, value in (("coupled", coupled), ("leading_zero", leading_zero), ("bos", bos), ("eos", eos)):
             check_flag(self.name, flag, value)
         self.m, self.coupled, self.leading_zero, self.bos, self.eos = b_digits, coupled, leading_zero, bos, eos

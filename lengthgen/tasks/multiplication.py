@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .addition import add_bits
-from .base import Batch, Task, assemble, reverse_prefix
+from .base import MAX_STEPS_PER_LENGTH, Batch, Task, assemble, reverse_prefix
 
 
 class Multiplication(Task):
@@ -28,8 +28,11 @@ class Multiplication(Task):
     example = "11*0101= -> 111100"
 
     def __init__(self, *, max_a_bits: int = 2, min_a_bits: int = 1):
-        if not isinstance(max_a_bits, int) or isinstance(max_a_bits, bool) or max_a_bits < 1:
-            raise ValueError(f"multiplication: max_a_bits must be an integer >= 1, got {max_a_bits!r}")
+        # T(n) = len(a) x n, and sampling costs len(a) x (len(a) + n): the cap every task's T(n) keeps
+        if not isinstance(max_a_bits, int) or isinstance(max_a_bits, bool) \
+                or not 1 <= max_a_bits <= MAX_STEPS_PER_LENGTH:
+            raise ValueError(f"multiplication: max_a_bits must be an integer in [1, {MAX_STEPS_PER_LENGTH}] "
+                             f"(a is a short number; T(n) = len(a) x n), got {max_a_bits!r}")
         if not isinstance(min_a_bits, int) or isinstance(min_a_bits, bool) or not 1 <= min_a_bits <= max_a_bits:
             raise ValueError(f"multiplication: min_a_bits must be an integer in [1, max_a_bits = {max_a_bits}], "
                              f"got {min_a_bits!r}")

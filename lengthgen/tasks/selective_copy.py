@@ -27,6 +27,11 @@ from .copy_symbols import letters
 BLANK_TOKEN = "."  # not "_": that is BLANK, what whole-answer methods put in the answer's place
 
 
+# The CoPE paper's sequences hold 0.5 to 2 blanks per symbol; a ratio past 100 makes every sample
+# 100x its length in blanks, which no memory bound of the batch foresees
+MAX_BLANK_RATIO = 100.0
+
+
 class SelectiveCopy(Task):
     name = "selective_copy"
     tokens = letters(16, name) + (BLANK_TOKEN, "=")  # the default; __init__ sets its own
@@ -36,9 +41,9 @@ class SelectiveCopy(Task):
 
     def __init__(self, *, symbols: int = 16, blank_ratio: float = 1.0):
         if isinstance(blank_ratio, bool) or not isinstance(blank_ratio, (int, float)) \
-                or not math.isfinite(blank_ratio) or blank_ratio < 0:
-            raise ValueError(f"selective_copy: blank_ratio (blanks per symbol) must be a finite number >= 0, "
-                             f"got {blank_ratio!r}")
+                or not math.isfinite(blank_ratio) or not 0 <= blank_ratio <= MAX_BLANK_RATIO:
+            raise ValueError(f"selective_copy: blank_ratio (blanks per symbol) must be a number in "
+                             f"[0, {MAX_BLANK_RATIO:g}], got {blank_ratio!r}")
         self.tokens = letters(symbols, self.name) + (BLANK_TOKEN, "=")
         self.answer_symbols = symbols
         self.blank_ratio = float(blank_ratio)

@@ -54,6 +54,10 @@ class Text(Task):
             self.corpus.ensure()
         except ValueError as err:
             raise ValueError(f"task.options: {err}") from None
+        held = len(self.corpus.tokens("train"))  # a window of n tokens reads n + 1 (its last target)
+        if cfg.task.train_max + 1 > held:
+            raise ValueError(f"task.train_max ({cfg.task.train_max}) asks for windows of {cfg.task.train_max + 1} "
+                             f"tokens; the corpus's training split holds {held}: add documents or lower task.train_max")
 
     @property
     def vocab(self) -> tuple[str, ...]:  # token ids only; text goes through the corpus's tokenizer

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.config.presets import from_dict, load, longest_sequence
+from lengthgen.config.presets import from_dict, load_saved, longest_sequence
 from lengthgen.config.schedules import curriculum_max, learning_rate
 from lengthgen.config.schema import Config, to_dict, to_toml
-from lengthgen.errors import ResourceError, TrainingDiverged, UserError
+from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
 from lengthgen.evaluation.during_training import TestsDuringTraining
 from lengthgen.methods.registry import get_method
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
@@ -34,7 +34,7 @@ from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, check_precision, pick_device
 from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
-from lengthgen.runtime.run_folders import check_deletable, unstarted
+from lengthgen.runtime.run_folders import check_deletable, run_lock, unstarted
 from lengthgen.tasks import Batch, Task, task_of
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training import trackers
@@ -90,7 +90,10 @@ def backward(loss_of, batches: list[Batch], cfg: Config, step: int, shards: rang
 
 
 def check_is_folder(folder: Path) -> None:
-    """Refuse a run folder path that is a file or lies under one (mkdir and iterdir would crash)."""
+    """Refuse a run folder path that is a file or lies under one, or a link to nothing (mkdir and
+    iterdir would crash)."""
+    if folder.is_symlink() and not folder.exists():
+        raise UserError(f"run folder {folder} {path_problem(folder, 'folder')}")
     for path in (folder, *folder.parents):  # the nearest part that exists must be a folder
         if path.is_dir():
             return
@@ -114,7 +117,7 @@ def prepare_run_dir(folder: Path, force: bool) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"cannot make run folder {folder}: {err.strerror}; give a folder you can write (--out)") from None
+        raise ResourceError(f"cannot make run folder {folder}: {err.strerror}; give a folder you can write (--out)") from None
 
 
 def resumed_config(folder: Path) -> tuple[Config, bool]:
@@ -131,7 +134,7 @@ def resumed_config(folder: Path) -> tuple[Config, bool]:
         kept = ", ".join(sorted(p.name for p in folder.iterdir()))
         raise UserError(f"cannot resume: {folder} has no checkpoint but holds {kept}; "
                         "not overwriting it (--force starts the run afresh)")
-    return load(folder / "config.toml"), False
+    return load_saved(folder / "config.toml"), False
 
 
 class Trainer:
@@ -265,8 +268,17 @@ class Trainer:
 
 def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, progress: bool = True) -> dict:
     """Train the run in `folder`; returns a summary dict. Resumes from the latest checkpoint.
-    Under torchrun, one of the processes of a data-parallel run (lengthgen.training.distributed)."""
+    Under torchrun, one of the processes of a data-parallel run (lengthgen.training.distributed).
+    The run folder's lock is held from before the folder is made (or deleted by --force, or read
+    by --resume) until training ends: a second train of it stops with one line (run_lock)."""
     folder = Path(folder)
+    check_is_folder(folder)
+    with run_lock(folder) if Ranks.from_env().main else contextlib.nullcontext():
+        return train_held(cfg, folder, resume, force, progress)
+
+
+def train_held(cfg: Config, folder: Path, resume: bool, force: bool, progress: bool) -> dict:
+    """`train` under the run folder's lock."""
     ranks = Ranks.from_env()
     restart = False
     if resume:  # the run's own config wins: the data stream and schedule depend on it

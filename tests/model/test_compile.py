@@ -5,6 +5,7 @@ falls back to eager with a note and the run goes on."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -60,6 +61,16 @@ def test_compiled_blocks_leave_packing_and_the_kv_cache_eager():
     eager = {(cls.__name__, name): getattr(cls.__dict__[name], "_torchdynamo_disable", False)
              for cls, names in compiling.EAGER_IN_COMPILED_BLOCKS.items() for name in names}
     assert eager == {("Packed", "pad_runs"): True, ("Packed", "unpad_runs"): True, ("KVCache", "extend"): True}
+
+
+def test_the_compile_cache_goes_to_lengthgens_cache_folder_not_tmp(monkeypatch, tmp_path):
+    """Inductor's default, /tmp/torchinductor_USER, is never cleared (about 150 MB a compiled run)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
+    cfg = presets.load(None, TINY)
+    assert compiling.compile_blocks(get_method(cfg.method).build_model(cfg, task_of(cfg.task)), torch.device("cpu"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
 
 
 def test_tra_runs_eagerly_with_a_note(tmp_path, capsys):

@@ -15,7 +15,7 @@ import pytest
 
 from lengthgen.config.presets import load
 from lengthgen.config.schema import to_toml
-from lengthgen.errors import ConfigError, UserError
+from lengthgen.errors import ConfigError, RunsFailed, UserError
 from lengthgen.results.rows import read_rows
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce import runner as rp
@@ -94,8 +94,11 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
 def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkeypatch):
     out = tmp_path / "out"
     betas = "train.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
-    report = rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
-                          out=out, workers=2, samples=8, progress=False, extra=[betas])
+    with pytest.raises(RunsFailed, match=r"2 of 4 runs failed") as failed:  # exit code 1, the report still written
+        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
+                     out=out, workers=2, samples=8, progress=False, extra=[betas])
+    report = failed.value.report
+    assert failed.value.exit_code == 1 and report == out / "report.md" and "reports the other 2" in str(failed.value)
     text = report.read_text()
     command = next(line for line in text.splitlines() if line.startswith("    lengthgen reproduce"))
     assert shlex.split(command) == ["lengthgen", "reproduce", "looped", "--scale", "cpu", "--seeds", "1",
@@ -123,11 +126,20 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkey
     second = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])
     assert second == first
     # another config into the same folder is refused and reported, the finished run is kept
-    with pytest.raises(UserError, match="every run failed"):
+    with pytest.raises(RunsFailed, match=r"every run failed \(1\)"):
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
                      workers=1, progress=False, extra=["train.lr=0.01"])
     assert "another config (train.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
+
+
+def test_a_selection_of_no_run_says_so(experiments, tmp_path, no_runs):
+    """Tasks that run only other arms: no run, said as such (not "every run failed")."""
+    with pytest.raises(UserError, match=r"select no run of sparsity \(unique_set runs ppc, coupled, rope_pose, nope\)"):
+        rp.reproduce(str(Path(__file__).parents[2] / "experiments" / "sparsity"), "cpu", seeds=1, tasks=["unique_set"],
+                     arms=["random_start"], out=tmp_path / "out",
+                     workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_arguments(experiments, tmp_path):

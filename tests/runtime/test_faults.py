@@ -237,6 +237,7 @@ def test_folders_it_cannot_write_are_named_before_any_work(run, tmp_path):
                                           "locked/reproduction"]):
             line = failed_in_one_line(result)
             assert path in line and "Permission denied" in line and "--out" in line, line
+        assert {code for code, _ in results} == {1}  # the same fault, the same exit code from every command
         assert tree(tmp_path) == before  # nothing written, nothing removed
     finally:
         for path in tmp_path.rglob("*"):

@@ -10,10 +10,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.methods.looped.block import per_sample_steps
 from lengthgen.methods.looped.stop_passes import (CONFIDENT, Trace, confidence, confidence_per_sample, first_confident,
                                                   fixed, halt, oracle)
 from lengthgen.tasks import Batch
+from lengthgen.tasks.base import MAX_STEPS_PER_LENGTH
+
+# The most iterations a rule may ask for: the confidence rules' own window, 2 T(n), at the longest
+# T(n) a config allows (T(n) <= MAX_STEPS_PER_LENGTH x n, n <= MAX_LENGTH). A larger count reads
+# no step any run could need and would loop for days: refused when the rule is parsed.
+MAX_STEPS = 2 * MAX_STEPS_PER_LENGTH * MAX_LENGTH
 
 
 def default_t_max(batch: Batch) -> int:
@@ -194,6 +201,9 @@ def parse_rule(text: str | StopRule) -> StopRule:
     if cls is None or numbers is None or not cls.arity[0] <= len(numbers) <= cls.arity[1] or any(n < 1 for n in numbers):
         forms = ", ".join(rule.usage for rule in RULES.values())
         raise ValueError(f"stop rule {text!r} is not one of: {forms} (positive integers)")
+    if max(numbers, default=0) > MAX_STEPS:
+        raise ValueError(f"stop rule {text!r} asks for {max(numbers):,} iterations; at most {MAX_STEPS:,} "
+                         f"(twice the longest T(n) any task has at length {MAX_LENGTH:,})")
     return cls(*numbers, relative=relative)
 
 
