@@ -40,7 +40,7 @@ class ModelConfig:
     n_layer: int = 2  # blocks in the stack (the looped block's depth for looped methods)
     n_head: int = 4  # attention heads; must divide d_model
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model (SwiGLU: of the linear and of the gate units)
-    position: str = "nope"  # positional scheme: nope, learned, sinusoidal, rope, alibi
+    position: str = "nope"  # positional scheme: a name of lengthgen.model.positions.SCHEMES (docs/positions.md)
     position_options: dict = field(default_factory=dict)  # the scheme's own settings, e.g. {theta = 500000.0} for rope
     max_positions: int = 2048  # table size of learned / sinusoidal positions
     norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out

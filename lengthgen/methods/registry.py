@@ -34,6 +34,7 @@ from lengthgen.config.schema import Config
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.methods.looped.halting import (Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths,
                                               halt_loss, uncertain_loss)
+from lengthgen.model.positions import SCHEMES
 from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task
 
@@ -298,14 +299,16 @@ class PredictivePositionCoupling(Method):
             raise ValueError(f"method {cfg.method} needs a train.position_transform that moves a next token's ID "
                              f"with the rest (none or random_offset), not {transform.name}")
         if scheme.has_bias or scheme.has_content:
+            cached = [name for name, s in SCHEMES.items() if not (s.has_bias or s.has_content)]
             raise ValueError(f"method {cfg.method} decodes with a KV cache, which model.position {cfg.model.position} "
-                             "cannot use; use nope, learned, sinusoidal or rope")
+                             f"cannot use; use {', '.join(cached)}")
         # the ID head names absolute IDs: a scheme that never adds them to the input (RoPE sees only
         # differences) cannot tell one random start from another, so its targets become guesses
         if transform.random_start and not scheme.adds_ids:
+            absolute = [name for name, s in SCHEMES.items() if s.adds_ids]
             raise ValueError(f"method {cfg.method} predicts absolute position IDs, which model.position "
                              f"{cfg.model.position} never shows the model, so train.position_transform "
-                             f"{transform.name} makes them unpredictable; use learned or sinusoidal positions, "
+                             f"{transform.name} makes them unpredictable; use {' or '.join(absolute)} positions, "
                              "or no transform")
 
     def build_model(self, cfg, task):

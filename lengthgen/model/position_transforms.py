@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from lengthgen.tasks import IGNORE, Batch
+from lengthgen.tasks.base import uniform_below  # the draw the tasks use: one stream, one algorithm
 
 
 def base_ids(batch: Batch) -> Tensor:
@@ -49,12 +50,6 @@ def base_ids(batch: Batch) -> Tensor:
 def real_columns(batch: Batch) -> Tensor:
     """(B, L) bool: the columns each sample needs (before its padding)."""
     return torch.arange(batch.inputs.shape[1], device=batch.inputs.device)[None, :] < batch.widths[:, None]
-
-
-def uniform_below(n: Tensor, generator: torch.Generator) -> Tensor:
-    """(B,) long: row b uniform in 0 .. n[b] - 1 (n >= 1), one draw per row."""
-    u = torch.rand(n.shape, generator=generator, dtype=torch.float64)
-    return (u * n).long().clamp(max=n - 1)
 
 
 def refuse_targets(transform: str, batch: Batch) -> None:

@@ -74,7 +74,7 @@ def parameters_at_least(cfg: Config, vocab_size: int) -> int:
     m = cfg.model
     per_block = 4 * m.d_model ** 2 + MLPS[m.mlp][0].matrices * m.mlp_ratio * m.d_model ** 2
     tables = vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
-    if m.position == "learned":
+    if SCHEMES[m.position].trains_table:
         tables += m.max_positions * m.d_model
     return tables + m.n_layer * per_block
 
@@ -104,7 +104,7 @@ def training_terms(cfg: Config, vocab_size: int, tokens: int, device: torch.devi
     heads = m.n_head if attention_held(cfg, device) else 0
     per_param = FP32 * (4 + (tr.ema > 0))  # weights, gradients, AdamW's 2 moments (+ EMA), fp32
     tables = vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
-    positions = m.max_positions * m.d_model if m.position == "learned" else 0
+    positions = m.max_positions * m.d_model if SCHEMES[m.position].trains_table else 0
     blocks = parameters_at_least(cfg, vocab_size) - tables - positions
     test_length = max(parse_lengths(tr.test_lengths), default=0) if tr.test_lengths else 0
     tested = tr.test_samples * max(test_length, cfg.task.train_max) * TOKEN if tr.test_interval else 0
