@@ -14,6 +14,7 @@ import pytest
 from lengthgen.cli import main
 from lengthgen.evaluation import evaluate
 from lengthgen.results.rows import read_rows
+from lengthgen.runtime import run_folders
 from lengthgen.runtime.run_folders import FolderLock, run_lock
 from tiny_runs import TINY, one_line_error, train_cli
 
@@ -94,18 +95,22 @@ def test_an_eval_through_a_symbolic_link_writes_under_the_real_run(copy, tmp_pat
     assert not (tmp_path / ".link.lock").exists() and not (tmp_path / f".{copy.name}.lock").exists()
 
 
-def test_a_lock_removed_by_its_last_holder_is_not_held_twice(tmp_path):
-    """A process that locked the file just as its holder removed it tries again on the new file."""
+def test_a_lock_taken_on_a_file_its_holder_removed_is_taken_again(tmp_path, monkeypatch):
+    """The holder releases and removes the file between another's open and its lock: that one must
+    not hold the removed file (a third would then hold a new one beside it), but take the new one."""
     path = tmp_path / ".x.lock"
     first = FolderLock(path, "x").__enter__()
-    stale = open(path, "a+")  # opened before the holder releases and removes the file
-    first.__exit__(None, None, None)
-    assert not path.exists()
-    with FolderLock(path, "x"):
-        second = FolderLock(path, "x")
-        with pytest.raises(Exception, match="is in use by"):
-            second.__enter__()
-    stale.close()
+    real_flock, released = run_folders.fcntl.flock, []
+
+    def release_before_locking(file, operation):
+        if not released:
+            released.append(True)
+            first.__exit__(None, None, None)  # (its own flock calls go to the real one)
+        return real_flock(file, operation)
+
+    monkeypatch.setattr(run_folders.fcntl, "flock", release_before_locking)
+    with FolderLock(path, "x") as second:
+        assert released and os.fstat(second.file.fileno()).st_ino == os.stat(path).st_ino
 
 
 def test_readers_share_a_run_and_a_writer_waits_for_none_of_them(tmp_path):
