@@ -83,7 +83,9 @@ def cmd_train(args) -> None:
 
 def cmd_eval(args) -> None:
     from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_override
-    from lengthgen.evaluation.evaluate import evaluate_run, load_run
+    from lengthgen.evaluation.evaluate import evaluate_run, latest_state, run_folder
+    from lengthgen.methods.registry import METHODS
+    from lengthgen.model.position_transforms import TRANSFORMS
     from lengthgen.results.rows import COLUMNS, format_table, metric_names
 
     if args.samples is not None and args.samples < 1:
@@ -101,10 +103,17 @@ def cmd_eval(args) -> None:
                 parse_rule(stop)
         except ValueError as err:
             raise UserError(str(err)) from None
-    if args.lengths is None or args.samples is None:
-        saved = load_run(args.run)[0].eval
-        args.lengths = saved.lengths if args.lengths is None else args.lengths
-        args.samples = saved.samples if args.samples is None else args.samples
+    draws = args.position_draws if args.position_draws is not None and args.position_draws > 1 else None
+    if args.lengths is None or args.samples is None or args.stop or args.per_step or draws:
+        cfg, folder = latest_state(args.run)[2], run_folder(args.run)  # what the options need of the run
+        for flag, given in (("--stop", args.stop), ("--per-step", args.per_step)):
+            if given and not METHODS[cfg.method].has_stop_rules:
+                raise UserError(f"{flag} applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
+        if draws and not TRANSFORMS[cfg.train.position_transform].random_at_evaluation:
+            raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
+                            f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
+        args.lengths = cfg.eval.lengths if args.lengths is None else args.lengths
+        args.samples = cfg.eval.samples if args.samples is None else args.samples
     stops = args.stop.split(",") if args.stop else None
     sweep = None
     if args.sweep:
@@ -155,7 +164,6 @@ def cmd_report(args) -> None:
 
 def cmd_reproduce(args) -> None:
     from lengthgen.reproduce.grid import describe
-    from lengthgen.reproduce.runner import reproduce
 
     if args.list:
         print(describe(), end="")
@@ -165,14 +173,17 @@ def cmd_reproduce(args) -> None:
     if args.arms is not None and args.methods is not None:
         raise UserError("--methods is another name for --arms; give one of them")
     check_reproduce_flags(args)
-    # an empty list ("--tasks ,") is passed on, and refused, rather than read as "all of them"
     split = lambda text: None if text is None else [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
+    tasks, arms = split(args.tasks), split(args.arms if args.methods is None else args.methods)
+    for kind, given in (("tasks", tasks), ("arms", arms)):
+        if given == []:  # "--tasks ,": refused rather than read as "all of them"
+            raise UserError(f"--{kind} names no {kind[:-1]}; leave it out to run the default ones")
+    from lengthgen.reproduce.runner import reproduce  # (--list and a refused flag do without it)
     try:
-        path = reproduce(args.paper, args.scale, args.seeds, split(args.tasks), split(args.arms if args.methods is None
-                                                                                       else args.methods),
-                         Path(args.out) if args.out else None, args.workers, args.samples,
-                         progress=not args.no_progress, extra=args.set, threads=args.threads, backend=args.backend,
-                         address=args.address, gpus_per_job=args.gpus_per_job)
+        path = reproduce(args.paper, args.scale, args.seeds, tasks, arms, Path(args.out) if args.out else None,
+                         args.workers, args.samples, progress=not args.no_progress, extra=args.set,
+                         threads=args.threads, backend=args.backend, address=args.address,
+                         gpus_per_job=args.gpus_per_job)
     except RunsFailed as err:  # the others' report first, then the one line that says the grid is incomplete
         if err.report is not None:
             print(err.report.read_text())
@@ -182,25 +193,37 @@ def cmd_reproduce(args) -> None:
 
 
 def check_reproduce_flags(args) -> None:
-    """Counts past the config's ranges, refused in one line before a grid is planned; a Ray address
-    checked for its form and reached (with a timeout) before any run starts."""
+    """Flags refused in one line before a grid is read: counts outside their ranges, options of the
+    other backend, --set keys that reproduce sets per run; with --backend ray, Ray installed and its
+    address checked for its form and reached (with a timeout) before any run starts."""
     import math
 
-    from lengthgen.config.schema import MAX_SEEDS, MAX_THREADS
+    from lengthgen.config.schema import MAX_SEEDS, MAX_THREADS, PER_RUN_KEYS, flat, parse_override
 
-    # (values below the ranges are refused by reproduce itself)
     if args.seeds is not None and args.seeds > MAX_SEEDS:
         raise UserError(f"--seeds must be in [1, {MAX_SEEDS:,}], got {args.seeds}")
     if args.threads > MAX_THREADS:  # each run's train.threads, which its saved config must keep
         raise UserError(f"--threads must be in [0, {MAX_THREADS}] (train.threads), got {args.threads}")
+    if (args.seeds is not None and args.seeds < 1) or args.workers < 1 or args.threads < 0:
+        raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     if args.gpus_per_job is not None and not (math.isfinite(args.gpus_per_job) and args.gpus_per_job >= 0):
         raise UserError(f"--gpus-per-job must be a finite number >= 0, got {args.gpus_per_job}")
+    if args.backend != "ray" and (args.address is not None or args.gpus_per_job is not None):
+        raise UserError("--address and --gpus-per-job are options of --backend ray")
+    if args.samples < 0:
+        raise UserError(f"--samples must be >= 1 (or 0 for the presets' own), got {args.samples}")
     if args.samples > 0:  # each run's evaluation holds a length's test set whole: refused before any run trains
         from lengthgen.runtime.resources import check_samples
         check_samples(args.samples, "--samples")
-    if args.backend == "ray" and args.address is not None:
-        from lengthgen.reproduce.ray_runner import check_address
-        check_address(args.address)
+    for setting in args.set:  # flattened, so an inline table (train={threads=1}) is caught too
+        for key in flat(parse_override(setting)):
+            if key in PER_RUN_KEYS:
+                raise UserError(f"--set {key} is set per run by reproduce; use {PER_RUN_KEYS[key]} instead")
+    if args.backend == "ray":  # last: reaching a cluster may take seconds
+        from lengthgen.reproduce.ray_runner import check_address, require
+        if args.address is not None:
+            check_address(args.address)
+        require()  # a one-line error naming the extra, before anything is planned or written
 
 
 def parser() -> argparse.ArgumentParser:

@@ -40,8 +40,11 @@ REPORTING_READS = ("lengthgen.errors", "lengthgen.config.schema", "lengthgen.res
                    "lengthgen.reporting")
 # the two drawings made from a checkpoint or a corpus, which load what they need when drawn
 DRAWN_FROM_A_RUN = {("figures.py", "plot_attention"), ("gain.py", "example_tokens")}
-NO_NAMES = ["results/rows.py", "reproduce/grid.py", "reproduce/runner.py", "evaluation/evaluate.py", "reporting/series.py",
-            "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/presets.py", "cli.py"]
+# the evaluator asks a method for its read-out (Method.stops, Method.read_out): only methods/ knows the looped family
+LOOPED = "lengthgen.methods.looped"
+NO_NAMES = ["results/rows.py", "reproduce/grid.py", "reproduce/runner.py", "reproduce/jobs.py", "evaluation/evaluate.py",
+            "reporting/series.py", "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/presets.py",
+            "cli.py"]
 
 
 def module_name(path: Path) -> str:
@@ -210,6 +213,23 @@ def test_importing_every_module_leaves_the_compiler_unloaded():
             "print(sorted(k for k in sys.modules if k.startswith(('torch._dynamo', 'torch._inductor'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def looped_imports_of_evaluation(graph: dict[str, set[str]]) -> list[str]:
+    """The evaluation modules' imports of the looped methods (at the top or inside a function)."""
+    return sorted(f"{module} imports {target}" for module, targets in graph.items()
+                  if module.startswith("lengthgen.evaluation") for target in targets
+                  if target == LOOPED or target.startswith(LOOPED + "."))
+
+
+def test_the_evaluator_imports_nothing_from_the_looped_methods():
+    assert looped_imports_of_evaluation(the_graph()) == []
+
+
+def test_a_planted_looped_import_in_the_evaluator_fails():
+    graph = the_graph()
+    graph["lengthgen.evaluation.evaluate"] = graph["lengthgen.evaluation.evaluate"] | {f"{LOOPED}.stop_rules"}
+    assert looped_imports_of_evaluation(graph) == [f"lengthgen.evaluation.evaluate imports {LOOPED}.stop_rules"]
 
 
 def test_the_import_graph_has_no_cycle():

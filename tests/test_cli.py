@@ -186,6 +186,14 @@ def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     assert main(["train", *TINY, "--out", str(ntp), "--no-progress"]) == 0
     assert main(["eval", str(ntp), "--stop", "oracle", "--no-progress"]) == 2
     assert "methods with stop rules" in capsys.readouterr().err
+    # the CLI checks its options against the run, before evaluating
+    assert main(["eval", str(ntp), "--lengths", "2", "--per-step", "--no-progress"]) == 2
+    assert f"--per-step applies to methods with stop rules (looped); {ntp} was trained with method 'ntp'" in \
+        capsys.readouterr().err
+    assert main(["eval", str(ntp), "--position-draws", "2", "--no-progress"]) == 2
+    assert "--position-draws 2 applies to runs whose position transform draws IDs at evaluation" in \
+        capsys.readouterr().err
+    assert not (ntp / "eval.csv").exists()
 
 
 def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):

@@ -16,20 +16,12 @@ import torch
 
 from lengthgen.config.schema import Config, parse_lengths
 from lengthgen.evaluation.evaluate import rules_at
-from lengthgen.methods.looped.stop_passes import confidence_precision
 from lengthgen.methods.registry import Method
 from lengthgen.model.position_transforms import build_transform
 from lengthgen.runtime.devices import autocast
 from lengthgen.results.metrics_log import PREFIX
 from lengthgen.tasks import Task, task_of
 
-
-
-def test_stops(cfg: Config, method: Method) -> list[str | None]:
-    """The stop rules tested: train.test_stops, else the oracle for methods with stop rules."""
-    if not method.has_stop_rules:
-        return [None]
-    return list(dict.fromkeys(cfg.train.test_stops)) or ["oracle"]
 
 
 def due(cfg: Config, step: int) -> bool:
@@ -46,15 +38,16 @@ def key(length: str, stop: str | None) -> str:
 def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, device: torch.device) -> dict:
     """{key: exact match} at the current maximum and at each of train.test_lengths, on samples
     of the run's task with train.test_options."""
-    stops, tr = test_stops(cfg, method), cfg.train
+    # train.test_stops, else the oracle, for methods with stop rules (the others ignore them); the
+    # method reads out in its own eval.confidence_precision
+    stops, tr = method.stops(cfg.train.test_stops), cfg.train
     task = task_of(cfg.task, **tr.test_options) if tr.test_options else task
     transform = build_transform(tr.position_transform, tr.position_transform_options)  # IDs as evaluation reads them
     lengths = [("max", current_max)] + [(str(n), n) for n in (parse_lengths(tr.test_lengths) if tr.test_lengths else [])]
     training = model.training
     model.eval()
     out = {}
-    with torch.random.fork_rng(devices=[]), autocast(device, tr.precision), \
-            confidence_precision(cfg.eval.confidence_precision):
+    with torch.random.fork_rng(devices=[]), autocast(device, tr.precision):
         for name, n in lengths:
             results, _ = rules_at(task, method, model, n, tr.test_samples, cfg.eval.batch_size, cfg.eval.seed,
                                   device, stops, transform=transform, draws=cfg.eval.position_draws)

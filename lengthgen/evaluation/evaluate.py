@@ -5,6 +5,9 @@ length), so a length's test set is the same whichever other lengths are
 requested and in whatever order. Results are rows keyed by values
 (run, task, method, seed, length, ...), written to RUN/eval.csv; rows of a
 previous evaluation of the same checkpoint at other lengths are kept.
+
+The method reads out each batch (`Method.read_out`: under its stop rules, with the curve over
+iterations); the evaluator draws the samples, batches them, loops over lengths and writes rows.
 """
 from __future__ import annotations
 
@@ -24,8 +27,6 @@ from lengthgen.config.schema import Config
 from lengthgen.errors import ResourceError, UserError, path_problem
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
-from lengthgen.methods.looped.stop_passes import confidence_precision, trace
-from lengthgen.methods.looped.stop_rules import default_t_max, parse_rule, readout
 from lengthgen.methods.registry import Method, get_method
 from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import PositionTransform, build_transform
@@ -33,10 +34,10 @@ from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
 from lengthgen.runtime.resources import batches_that_fit, is_out_of_memory, oom_detail
 from lengthgen.runtime.run_folders import check_eval_out, check_writable, rows_lock, run_lock
-from lengthgen.tasks import Batch, Task, measure, task_of
+from lengthgen.tasks import Batch, Task, task_of
 
-def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
-    """(cfg, task, method, model, step) from a run folder's latest checkpoint."""
+def latest_state(folder: Path) -> tuple[Path, dict, Config]:
+    """(the latest checkpoint, its state, the config it was trained with) of a run folder."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"run folder {folder} {path_problem(folder, 'folder')}")
@@ -44,7 +45,12 @@ def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = T
     if path is None:
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
     state = checkpoint.read_state(path)
-    cfg = from_dict(state["config"])
+    return path, state, from_dict(state["config"])
+
+
+def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
+    """(cfg, task, method, model, step) from a run folder's latest checkpoint."""
+    path, state, cfg = latest_state(folder)
     task, method = task_of(cfg.task), get_method(cfg.method, cfg)
     device = device or pick_device(cfg.train.device)
     model = method.build_model(cfg, task)
@@ -99,56 +105,38 @@ def accuracy_at(task: Task, method: Method, model, length: int, samples: int, ba
 def rules_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int, seed: int,
              device: torch.device, stops: list[str | None], per_step: bool = False,
              transform: PositionTransform | None = None, draws: int = 1) -> tuple[dict, list[dict]]:
-    """({stop: {metric: mean over the samples}}, per-step rows) on one length's test samples;
-    the metrics are accuracy (exact match), token_accuracy, stop_step (NaN without a stop
-    rule) and the task's own. A `transform` that draws position IDs at evaluation
-    (`randomized`) reads each sample under `draws` independent draws, and every mean is
-    over samples x draws.
-
-    With several looped rules or `per_step`, each batch runs once to the longest
-    iteration any of them needs (`stopping.trace`) and every rule is read out of
-    that pass: the same choices as the rules' own passes at a fraction of the
-    cost. A lone rule runs its own pass (per-sample confidence then retires
-    finished samples). The per-step rows hold accuracy and confidence after every
-    iteration t <= 2 T(n)."""
-
-    rules = [None if stop is None else parse_rule(stop) for stop in stops]
-    task_metrics = (lambda pred, b: task.metrics(pred, b)) if task.metric_names else None
+    """({stop: {metric: mean over the samples}}, per-step rows) on one length's test samples,
+    read out by the method under each of `stops` (`Method.read_out`); the metrics are accuracy
+    (exact match), token_accuracy, stop_step (NaN without a stop rule) and the task's and
+    method's own. A `transform` that draws position IDs at evaluation (`randomized`) reads each
+    sample under `draws` independent draws, and every mean is over samples x draws. With
+    `per_step` (methods with stop rules), the per-step rows hold the means after every iteration
+    t <= 2 T(n) (accuracy, confidence, the oracle step)."""
     sums = {stop: defaultdict(float) for stop in stops}
-    curve = None  # per-step sums over samples: exact (T,), confidence (T,)
-    oracle_sum = 0.0
+    curve = None  # per-iteration sums over the samples so far: {column: (T,)}
     draws = draws if transform is not None and transform.random_at_evaluation else 1
     batches = (batch for draw in range(draws)
                for batch in eval_batches(task, length, samples, batch_size, seed, device, transform, draw))
     for batch in batches:
-        tr = None
-        if per_step or len(stops) > 1:
-            needs = [rule.steps_needed(batch) for rule in rules] + ([default_t_max(batch)] if per_step else [])
-            tr = trace(model, batch, max(needs), task_metrics)
-        for stop, rule in zip(stops, rules):
-            got = readout(tr, batch, rule) if tr is not None else None
-            if got is None:
-                pred, steps = (method.predict(model, batch), None) if rule is None else \
-                    method.predict_stop(model, batch, rule)
-                got = ({**measure(task, pred, batch), **method.metrics(model, batch)}, steps)
-            values, steps = got
+        read, part = method.read_out(model, batch, task, stops, per_step)
+        for stop, (values, steps) in zip(stops, read):
             for name, value in values.items():
                 sums[stop][name] += float(value.float().sum())
             sums[stop]["stop_step"] += float(steps.float().sum()) if steps is not None else math.nan
-        if per_step:
-            t = default_t_max(batch)  # T(n) can differ between batches (multiplication): keep the common steps
-            exact, conf = tr.exact[:t].float().sum(1), tr.confidence[:t].sum(1)
-            if curve is not None:
-                t = min(len(curve[0]), t)
-                exact, conf = exact[:t] + curve[0][:t], conf[:t] + curve[1][:t]
-            curve = (exact, conf)
-            oracle_sum += float(batch.n_steps.float().sum())
+        curve = part if curve is None else add_curves(curve, part)
     count = samples * draws
     results = {stop: {name: total / count for name, total in sums[stop].items()} for stop in stops}
-    steps_rows = [{"length": length, "n": samples, "iteration": t + 1, "accuracy": float(a) / count,
-                   "confidence": float(c) / count, "oracle_step": oracle_sum / count}
-                  for t, (a, c) in enumerate(zip(*curve))] if per_step else []
+    iterations = len(next(iter(curve.values()))) if curve else 0
+    steps_rows = [{"length": length, "n": samples, "iteration": t + 1,
+                   **{column: float(sums_t[t]) / count for column, sums_t in curve.items()}} for t in range(iterations)]
     return results, steps_rows
+
+
+def add_curves(total: dict, part: dict) -> dict:
+    """Per-iteration sums of two sets of samples over the iterations both have: T(n) can differ
+    between batches (multiplication)."""
+    t = min(len(column) for column in (*total.values(), *part.values()))
+    return {name: part[name][:t] + total[name][:t] for name in part}
 
 
 def sweep_variants(sweep: dict) -> list[dict]:
@@ -203,6 +191,12 @@ def perplexity(ctx: Measure, task: Task, length: int) -> tuple[dict, list[dict],
 EVALUATORS = {"exact_match": exact_match, "perplexity": perplexity}
 
 
+def run_folder(folder: Path) -> Path:
+    """The run folder a path names: `eval LINK` or `eval .` name the real run in their rows."""
+    folder = Path(folder)
+    return folder.resolve() if folder.is_symlink() or not folder.name else folder
+
+
 def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
                  seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
                  progress: bool = True, sweep: dict | None = None, out: Path | None = None,
@@ -215,10 +209,10 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
     draws (default the run's eval.position_draws). `compile`: torch.compile the blocks (default
     the run's eval.compile; lengthgen.model.compiling). A run reached through a symbolic link is
     evaluated as itself. The run is held (shared) so that no `train` replaces it meanwhile, and the
-    rows are merged into eval.csv under a lock: evaluations of one run side by side keep all rows."""
-    folder = Path(folder)
-    if folder.is_symlink() or not folder.name:  # `eval LINK` or `eval .`: rows name the real run
-        folder = folder.resolve()
+    rows are merged into eval.csv under a lock: evaluations of one run side by side keep all rows.
+    The CLI checks its options against the run (`--stop` and `--per-step` need a method with stop
+    rules, `--position-draws` a transform that draws IDs at evaluation)."""
+    folder = run_folder(folder)
     with run_lock(folder, shared=True):
         return evaluate_held(folder, lengths, samples, batch_size, seed, stops, per_step, progress, sweep, out,
                              position_draws, compile)
@@ -231,77 +225,108 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
     lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     cfg, task, method, model, step = load_run(folder)
     labels = read_labels(folder)
-    out = folder if out is None else Path(out)
-    if out.resolve() != folder.resolve():
-        check_eval_out(out, folder)
-    check_writable(out, "give --out DIR to write the evaluation elsewhere" if out == folder else "give another --out")
-    # read before the long evaluation: an unreadable old file must stop us now, not after it
-    old = read_rows(out / "eval.csv") if (out / "eval.csv").exists() else []
-    if stops and not method.has_stop_rules:
-        raise UserError(f"--stop applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
-    if per_step and not method.has_stop_rules:
-        raise UserError(f"--per-step applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
-    if method.has_stop_rules:
-        stops = list(dict.fromkeys(stops or ["oracle"]))  # a rule given twice is evaluated once
-        try:
-            for stop in stops:
-                parse_rule(stop).check(method)
-        except ValueError as err:
-            raise UserError(str(err)) from None
-    stops = stops or [None]
-    if sweep is not None and sweep != cfg.eval.sweep:  # given for this evaluation (--sweep): check it as eval.sweep
-        from lengthgen.config.presets import check_sweep
-        check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
-    sweep = cfg.eval.sweep if sweep is None else sweep
+    out = output_folder(folder, out)
+    try:
+        stops = method.stops(stops)  # each rule once, checked against the method (a halting head)
+    except ValueError as err:
+        raise UserError(str(err)) from None
     own = task.metric_names + method.metric_names  # the row's own metric columns, named in its `metrics` cell
-    clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(own) | set(labels))
-    if clash:
-        raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
-    variants = sweep_variants(sweep)
-    tasks = [task_of(cfg.task, **options) if options else task for options in variants]
+    sweep, variants = swept_tasks(cfg, task, sweep, [*own, *labels])
     device = next(model.parameters()).device
-    precision = cfg.train.precision
-    if precision == "bf16" and not native_bf16(device):  # the weights are fp32: evaluate them as they are
-        print(f"note: {folder} trained in bf16; this {device.type} has no native bf16, so it is evaluated in fp32",
-              file=sys.stderr)
-        precision = "fp32"
-    seed = cfg.eval.seed if seed is None else seed
+    precision = eval_precision(cfg, device, folder)
     batch_size = batch_size or cfg.eval.batch_size
     transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     draws = cfg.eval.position_draws if position_draws is None else position_draws
-    if draws > 1 and not transform.random_at_evaluation:
-        raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
-                        f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
-    rows, steps_rows, position_rows = [], [], []
     compiled = (cfg.eval.compile if compile is None else compile) and compile_blocks(model, device, "eval.compile")
-    ctx = Measure(method, model, samples, batch_size, seed, device, stops, per_step, transform, draws,
-                  batch_size * cfg.task.train_max, compiled)
-    cases = [(options, variant, length) for options, variant in zip(variants, tasks) for length in lengths]
-    # the batch that fits each length, all checked before the first runs (lengthgen.runtime.resources)
-    fits, note = batches_that_fit(cfg, [(variant, length) for _, variant, length in cases], samples, batch_size, device)
-    if note:
-        print(note, file=sys.stderr)
+    ctx = Measure(method, model, samples, batch_size, cfg.eval.seed if seed is None else seed, device, stops, per_step,
+                  transform, draws, batch_size * cfg.task.train_max, compiled)
+    cases = [(options, variant, length) for options, variant in variants for length in lengths]
+    fits = fitting_batches(cfg, cases, samples, batch_size, device)
+    rows, steps_rows, position_rows = [], [], []
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         ctx.batch_size, ctx.window_tokens = fits[variant, length]
-        try:
-            with autocast(device, precision), confidence_precision(cfg.eval.confidence_precision):
-                results, curve, positions = EVALUATORS[variant.evaluation](ctx, variant, length)
-                position_rows += positions
-        except ValueError as err:  # e.g. a length past the learned position table
-            raise UserError(f"cannot evaluate length {length}: {err}") from None
-        except (MemoryError, RuntimeError) as err:
-            if not is_out_of_memory(err):
-                raise
-            raise ResourceError(f"out of memory evaluating length {length} in batches of {ctx.batch_size} "
-                                f"({oom_detail(err)}): lower --batch-size (eval.batch_size); the rows of "
-                                "earlier evaluations stay in eval.csv") from None
+        with autocast(device, precision):
+            results, curve, positions = evaluate_length(ctx, variant, length)
+        position_rows += positions
         ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
-                 "seed": cfg.train.model_seed, "train_max": cfg.task.train_max,
-                 **{k: cell(v) for k, v in options.items()}}
+                 "seed": cfg.train.model_seed, "train_max": cfg.task.train_max, **{k: cell(v) for k, v in options.items()}}
         steps_rows += [{**ident, **r} for r in curve]
         rows += [row(folder, cfg, length, results[stop].pop("tokens", samples), results[stop],
                      variant.random_baseline(length), step, stop, options, own) for stop in stops]
     rows = with_labels(rows, labels)
+    write_results(folder, out, rows, with_labels(steps_rows, labels) if per_step else None, position_rows, labels, sweep)
+    if cfg.eval.token_contexts:  # per token, fixed context (and the dependence search): lengthgen.evaluation.dependence
+        from lengthgen.evaluation.dependence import evaluate_tokens
+
+        with autocast(device, precision):
+            evaluate_tokens(out, cfg, task, method, model, device, batch_size * cfg.task.train_max, step)
+    return rows
+
+
+def output_folder(folder: Path, out: Path | None) -> Path:
+    """Where the rows go (`out`, else the run folder), checked writable, and its eval.csv read
+    before the long evaluation: an unreadable old file must stop us now, not after it."""
+    out = folder if out is None else Path(out)
+    if out.resolve() != folder.resolve():
+        check_eval_out(out, folder)
+    check_writable(out, "give --out DIR to write the evaluation elsewhere" if out == folder else "give another --out")
+    if (out / "eval.csv").exists():
+        read_rows(out / "eval.csv")
+    return out
+
+
+def swept_tasks(cfg: Config, task: Task, sweep: dict | None, columns: list[str]) -> tuple[dict, list]:
+    """(the sweep, [(its options, the task with them)] a combination each): `sweep` (default the
+    run's eval.sweep), checked as eval.sweep and against the names of eval.csv's columns (those
+    of every row, and `columns`: the row's own metrics and the run's labels)."""
+    if sweep is not None and sweep != cfg.eval.sweep:  # given for this evaluation (--sweep): check it as eval.sweep
+        from lengthgen.config.presets import check_sweep
+        check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
+    sweep = cfg.eval.sweep if sweep is None else sweep
+    clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(columns))
+    if clash:
+        raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
+    return sweep, [(options, task_of(cfg.task, **options) if options else task) for options in sweep_variants(sweep)]
+
+
+def eval_precision(cfg: Config, device: torch.device, folder: Path) -> str:
+    """train.precision, or fp32 where the device has no native bf16 (the weights are fp32: they
+    are evaluated as they are)."""
+    if cfg.train.precision == "bf16" and not native_bf16(device):
+        print(f"note: {folder} trained in bf16; this {device.type} has no native bf16, so it is evaluated in fp32",
+              file=sys.stderr)
+        return "fp32"
+    return cfg.train.precision
+
+
+def fitting_batches(cfg: Config, cases: list, samples: int, batch_size: int, device: torch.device) -> dict:
+    """{(task, length): (batch size, window tokens)} that fit, every case checked before the first
+    runs (lengthgen.runtime.resources), with a note where a batch was lowered."""
+    fits, note = batches_that_fit(cfg, [(variant, length) for _, variant, length in cases], samples, batch_size, device)
+    if note:
+        print(note, file=sys.stderr)
+    return fits
+
+
+def evaluate_length(ctx: Measure, task: Task, length: int) -> tuple[dict, list[dict], list[dict]]:
+    """The task's evaluator (`EVALUATORS`) at one length, its failures as one line: a length the
+    model cannot read (past a learned position table), or out of memory."""
+    try:
+        return EVALUATORS[task.evaluation](ctx, task, length)
+    except ValueError as err:  # e.g. a length past the learned position table
+        raise UserError(f"cannot evaluate length {length}: {err}") from None
+    except (MemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
+        raise ResourceError(f"out of memory evaluating length {length} in batches of {ctx.batch_size} "
+                            f"({oom_detail(err)}): lower --batch-size (eval.batch_size); the rows of "
+                            "earlier evaluations stay in eval.csv") from None
+
+
+def write_results(folder: Path, out: Path, rows: list[dict], steps_rows: list[dict] | None, position_rows: list[dict],
+                  labels: dict, sweep: dict) -> None:
+    """eval.csv (merged with the rows there), per_step.csv (unless None) and position_loss.csv
+    in `out`, with a copy of the run's config.toml where `out` is not the run folder."""
     if out != folder and not (out / "config.toml").exists():  # whole or not at all: a retry must find none
         checkpoint.write_atomic(out / "config.toml", (folder / "config.toml").read_text(encoding="utf-8"))
     with rows_lock(out):  # read again: another evaluation may have written rows since
@@ -309,15 +334,8 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
         write_rows(out / "eval.csv", rows, with_labels(old, labels), list(sweep))
     if position_rows:
         write_position_loss(out / POSITION_LOSS, position_rows)
-    if cfg.eval.token_contexts:  # per token, fixed context (and the dependence search): lengthgen.evaluation.dependence
-        from lengthgen.evaluation.dependence import evaluate_tokens
-
-        with autocast(device, precision):
-            evaluate_tokens(out, cfg, task, method, model, device, batch_size * cfg.task.train_max, step)
-    if per_step:
-        steps_rows = with_labels(steps_rows, labels)
+    if steps_rows is not None:
         write_csv(out / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))
-    return rows
 
 
 def row(folder: Path, cfg: Config, length: int, samples: int, values: dict, baseline: float, step: int,

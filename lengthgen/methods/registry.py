@@ -34,15 +34,20 @@ from lengthgen.config.schema import Config
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.methods.looped.halting import (Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths,
                                               halt_loss, uncertain_loss)
+from lengthgen.methods.looped.stop_passes import confidence_precision
+from lengthgen.methods.looped.stop_rules import parse_rule, predict_stop, read_out
 from lengthgen.model.positions import SCHEMES
 from lengthgen.model.transformer import Transformer
-from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task
+from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task, measure
 
 
 class Method:
     """What callers may ask of a method instead of comparing names:
     `has_stop_rules`: `predict_stop(model, batch, rule)` reads out a looped model under a
     rule of lengthgen.methods.looped.stop_rules, and `--stop` / `--per-step` apply;
+    `stops(texts)` / `read_out(model, batch, task, stops, per_step)`: the read-outs evaluation
+    labels its rows by, and their metrics on a batch (with the per-iteration curve of a method
+    with stop rules): evaluation asks these, and knows no stop rule;
     `accepts_position_ids`: the model reads `Batch.position_ids` (task or transform IDs);
     `has_halt_head`: the model has a halting head that the `halt` rule reads;
     `needs_answer_region`: the method works on one answer after the question (whole-answer
@@ -79,6 +84,25 @@ class Method:
     def metrics(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
         """{name: (B,) float} for every name in `metric_names`."""
         return {}
+
+    def stops(self, texts: list[str] | None = None) -> list[str | None]:
+        """The read-outs evaluation labels its rows by: [None], the method's own prediction. A
+        method without stop rules ignores `texts` (the CLI and the grid refuse them)."""
+        return [None]
+
+    def read_out(self, model: nn.Module, batch: Batch, task: Task, stops: list[str | None],
+                 per_step: bool = False) -> tuple[list[tuple[dict[str, Tensor], Tensor | None]], dict[str, Tensor] | None]:
+        """Each read-out of `stops` (`stops()`) on one batch: ({metric: (B,)}, the iteration each
+        sample was read out at (B,), None without iterations); and with `per_step` the batch's
+        curve {column: (T,) sum over its samples after each iteration}, None for a method
+        without stop rules."""
+        values = self.values(model, batch, task, self.predict(model, batch))
+        return [(values, None) for _ in stops], None
+
+    def values(self, model: nn.Module, batch: Batch, task: Task, pred: Tensor) -> dict[str, Tensor]:
+        """Every metric of the prediction `pred` (B, L), per sample: the task's (`tasks.measure`)
+        and the method's own (`metrics`)."""
+        return {**measure(task, pred, batch), **self.metrics(model, batch)}
 
     def build_model(self, cfg: Config, task: Task) -> nn.Module:
         return Transformer(cfg.model, task.vocab_size)
@@ -133,13 +157,31 @@ class Looped(Method):
     def logits(self, model, batch):  # each sample after its own T(n) iterations
         return oracle_logits(model, batch, self.loss_scheme)
 
+    def __init__(self, cfg=None):
+        super().__init__(cfg)
+        # the precision of the confidence losses the stop rules compare (stop_passes.confidence_precision)
+        self.confidence_precision = cfg.eval.confidence_precision if cfg is not None else "float64"
+
     def loss(self, model, batch):  # the same value as Method.loss, without padding the logits
         return looped_loss(model, batch, self.loss_scheme)
 
     def predict_stop(self, model, batch: Batch, rule="oracle") -> tuple[Tensor, Tensor]:
         """(pred (B, L), read-out step (B,)) under a stop rule (text or StopRule), see lengthgen.methods.looped.stop_rules."""
-        from lengthgen.methods.looped.stop_rules import predict_stop
         return predict_stop(model, batch, rule)
+
+    def stops(self, texts=None):
+        """Each rule of `texts` once (default the oracle), ValueError for one this method cannot
+        read out under (`halt` without a halting head) or that does not parse."""
+        stops = list(dict.fromkeys(texts or ["oracle"]))
+        for stop in stops:
+            parse_rule(stop).check(self)
+        return stops
+
+    @torch.no_grad()
+    def read_out(self, model, batch, task, stops, per_step=False):
+        """The rules read out of one shared pass where they can be (stop_rules.read_out)."""
+        with confidence_precision(self.confidence_precision):
+            return read_out(self, model, batch, task, stops, per_step)
 
 
 class StoppingLoss(Looped):

@@ -29,7 +29,9 @@
 
 A run is (task, arm, axis values, seed) and its folder is named from those
 values: `<task>-<arm>[-<axis>=<value>...]-s<seed>` (an axis by the last part of
-its key). `plan` turns a grid into jobs; no code here names a paper, a task, an
+its key). Each scale is merged and checked once, when the grid is read (`Grid.at`);
+`plan` turns the grid at one scale into jobs, each carrying its overrides and its
+validated config, worked out once per run. No code here names a paper, a task, an
 arm or a method.
 """
 from __future__ import annotations
@@ -42,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lengthgen.config.presets import load
-from lengthgen.config.schema import PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, read, to_dict, toml_value, tomllib
+from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, read, to_dict, toml_value,
+                                     tomllib)
 from lengthgen.errors import UserError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import get_method
@@ -74,6 +77,10 @@ class Job:
     labels: dict = field(default_factory=dict)  # the run's series.json: arm and the config keys telling its series apart
     config: dict = field(default_factory=dict)  # the run's validated config (to_dict), seeds and threads set: {} = load it
 
+    def loaded(self):
+        """The run's config: the one planning validated, or (a job made without it) its preset loaded."""
+        return from_data(self.config) if self.config else load(self.preset, self.overrides)
+
 
 def merge(base: dict, change: dict) -> dict:
     """`base` with `change` merged in key by key: tables merge, other values replace."""
@@ -84,7 +91,8 @@ def merge(base: dict, change: dict) -> dict:
 
 
 class Grid:
-    """A parsed grid.toml. `resolved(scale)` is the grid at one scale, checked."""
+    """A parsed grid.toml. `at(scale)` is the grid at one scale: merged and checked once, when the
+    grid is read (every scale at once), then asked as often as planning needs."""
 
     def __init__(self, path: Path):
         self.path, self.folder = Path(path), Path(path).parent
@@ -99,8 +107,7 @@ class Grid:
         self.fail_unless(isinstance(self.data.get("scales"), dict) and self.data["scales"],
                          "declares no scale: add a [scales.cpu] table (it may be empty)")
         self.scales = list(self.data["scales"])
-        for scale in self.scales:
-            self.resolved(scale)  # every scale checked at once
+        self.scaled = {scale: AtScale(self, scale, self.merged(scale)) for scale in self.scales}
 
     @property
     def name(self) -> str:
@@ -119,9 +126,8 @@ class Grid:
             ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
             self.fail_unless(ok, f"{path} must be a {kind.__name__}, got {value!r:.60}")
 
-    def resolved(self, scale: str) -> dict:
-        """The grid with [scales.<scale>] merged in, every key checked."""
-        self.fail_unless(scale in self.scales, f"has no scale {scale!r}; its scales: {', '.join(self.scales)}")
+    def merged(self, scale: str) -> dict:
+        """The grid with [scales.<scale>] merged in, every key checked (run once per scale, by __init__)."""
         base = {k: v for k, v in self.data.items() if k != "scales"}
         grid = merge(base, self.data["scales"][scale] or {})
         where = f"(at scale {scale})"
@@ -149,29 +155,90 @@ class Grid:
         self.check_keys(grid.get("report", {}), REPORT_KEYS, "report")
         return grid
 
-    def preset(self, scale: str, task: str) -> Path:
-        spec = self.resolved(scale)["tasks"][task]
-        path = self.folder / spec.get("preset", "{scale}/" + task + ".toml").format(scale=scale)
-        self.fail_unless(path.is_file(), f"names preset {path} for task {task!r} at scale {scale!r}, which does not exist")
-        return path
+    def at(self, scale: str) -> AtScale:
+        """The grid at `scale`, as merged and checked when the grid was read."""
+        self.fail_unless(scale in self.scales, f"has no scale {scale!r}; its scales: {', '.join(self.scales)}")
+        return self.scaled[scale]
 
-    def arm(self, scale: str, task: str, arm: str) -> dict:
-        """The arm as this task sees it: [arms.<arm>] with [tasks.<task>.arms.<arm>] merged in."""
-        grid = self.resolved(scale)
-        return merge(grid["arms"][arm], grid["tasks"][task].get("arms", {}).get(arm, {}))
+    def pick(self, scale: str | None) -> AtScale:
+        """The scale --scale names (default: cpu, or the grid's first scale)."""
+        scale = scale or ("cpu" if "cpu" in self.scales else self.scales[0])
+        if scale not in self.scales:
+            raise UserError(f"unknown scale {scale!r} for {self.name}; choose from {', '.join(self.scales)}")
+        return self.scaled[scale]
+
+    # the questions of AtScale asked with the scale first, as callers outside planning ask them
+    def resolved(self, scale: str) -> dict:
+        return self.at(scale).data
+
+    def preset(self, scale: str, task: str) -> Path:
+        return self.at(scale).preset(task)
 
     def arms_of(self, scale: str, task: str) -> list[str]:
-        """The arms a task runs: its `only` list, or every arm."""
-        grid = self.resolved(scale)
-        return grid["tasks"][task].get("only") or list(grid["arms"])
+        return self.at(scale).arms_of(task)
 
     def axes(self, scale: str, task: str) -> dict:
-        grid = self.resolved(scale)
-        return {**grid.get("axes", {}), **grid["tasks"][task].get("axes", {})}
+        return self.at(scale).axes(task)
 
     def defaults(self, scale: str, kind: str) -> list[str]:
+        return self.at(scale).defaults(kind)
+
+
+class AtScale:
+    """A grid at one scale (`Grid.at`): its merged, checked table (`data`) and what planning asks of it."""
+
+    def __init__(self, grid: Grid, name: str, data: dict):
+        self.grid, self.name, self.data = grid, name, data
+
+    def preset(self, task: str) -> Path:
+        spec = self.data["tasks"][task]
+        path = self.grid.folder / spec.get("preset", "{scale}/" + task + ".toml").format(scale=self.name)
+        self.grid.fail_unless(path.is_file(), f"names preset {path} for task {task!r} at scale {self.name!r}, "
+                              "which does not exist")
+        return path
+
+    def arm(self, task: str, arm: str) -> dict:
+        """The arm as this task sees it: [arms.<arm>] with [tasks.<task>.arms.<arm>] merged in."""
+        return merge(self.data["arms"][arm], self.data["tasks"][task].get("arms", {}).get(arm, {}))
+
+    def arms_of(self, task: str) -> list[str]:
+        """The arms a task runs: its `only` list, or every arm."""
+        return self.data["tasks"][task].get("only") or list(self.data["arms"])
+
+    def axes(self, task: str) -> dict:
+        return {**self.data.get("axes", {}), **self.data["tasks"][task].get("axes", {})}
+
+    def defaults(self, kind: str) -> list[str]:
         """The tasks or arms run when --tasks / --arms is not given."""
-        return [name for name, spec in self.resolved(scale)[kind].items() if spec.get("default", True)]
+        return [name for name, spec in self.data[kind].items() if spec.get("default", True)]
+
+    def chosen(self, kind: str, given: list[str] | None) -> list[str]:
+        """The tasks or arms named by --tasks / --arms (default: the grid's default ones)."""
+        given = list(dict.fromkeys(given or self.defaults(kind)))  # a name given twice is one run, not two
+        bad = [name for name in given if name not in self.data[kind]]
+        if bad:
+            raise UserError(f"unknown {kind[:-1]} {bad[0]!r} for {self.grid.name}; "
+                            f"choose from {', '.join(self.data[kind])}")
+        return given
+
+    def overrides(self, task: str, arm: str, axis_values: dict) -> list[str]:
+        """--set strings of one run: the arm's `set`, the axis values, then its `multiply`
+        (applied to the value those give, e.g. a plain stack k times the preset's block depth)."""
+        spec, preset = self.arm(task, arm), self.preset(task)
+        sets = [f"{key}={toml_value(value)}" for key, value in flat(spec.get("set", {})).items()]
+        sets += [f"{key}={toml_value(value)}" for key, value in axis_values.items()]
+        if spec.get("multiply"):
+            values = flat(to_dict(read(preset, sets)))
+            for key, factor in flat(spec["multiply"]).items():
+                self.grid.fail_unless(
+                    key in values and isinstance(values[key], (int, float)) and not isinstance(values[key], bool)
+                    and isinstance(factor, (int, float)) and not isinstance(factor, bool),
+                    f"arms.{arm}.multiply.{key}: not a number in the config, or not multiplied by a number")
+                product = values[key] * factor
+                if isinstance(values[key], int) and float(product).is_integer():
+                    product = int(product)
+                sets.append(f"{key}={toml_value(product)}")
+        return sets
 
 
 def axis_name(key: str) -> str:
@@ -204,36 +271,22 @@ def describe(root: Path | None = None) -> str:
     lines = []
     for name in papers(root):
         grid = find(name, root)
-        scale = "cpu" if "cpu" in grid.scales else grid.scales[0]
-        g = grid.resolved(scale)
-        mark = lambda kind, n: n + ("*" if n in grid.defaults(scale, kind) else "")  # noqa: E731
+        at = grid.pick(None)
+        g = at.data
+        mark = lambda kind, n: n + ("*" if n in at.defaults(kind) else "")  # noqa: E731
         lines += [f"{name}: {g['title']}", f"  scales: {', '.join(grid.scales)}",
                   f"  tasks:  {', '.join(mark('tasks', t) for t in g['tasks'])}",
                   f"  arms:   {', '.join(mark('arms', a) for a in g['arms'])}"]
         lines += [f"  {t} runs only: {', '.join(g['tasks'][t]['only'])}" for t in g["tasks"] if g["tasks"][t].get("only")]
-        axes = sorted({k for t in g["tasks"] for k in grid.axes(scale, t)})
+        axes = sorted({k for t in g["tasks"] for k in at.axes(t)})
         if axes:
             lines.append(f"  axes:   {', '.join(axes)}")
     return "\n".join(lines + ["(* = run when --tasks / --arms is not given)"]) + "\n"
 
 
 def arm_overrides(grid: Grid, scale: str, task: str, arm: str, axis_values: dict) -> list[str]:
-    """--set strings of one run: the arm's `set`, the axis values, then its `multiply`
-    (applied to the value those give, e.g. a plain stack k times the preset's block depth)."""
-    spec, preset = grid.arm(scale, task, arm), grid.preset(scale, task)
-    sets = [f"{key}={toml_value(value)}" for key, value in flat(spec.get("set", {})).items()]
-    sets += [f"{key}={toml_value(value)}" for key, value in axis_values.items()]
-    if spec.get("multiply"):
-        values = flat(to_dict(read(preset, sets)))
-        for key, factor in flat(spec["multiply"]).items():
-            grid.fail_unless(key in values and isinstance(values[key], (int, float)) and not isinstance(values[key], bool)
-                             and isinstance(factor, (int, float)) and not isinstance(factor, bool),
-                             f"arms.{arm}.multiply.{key}: not a number in the config, or not multiplied by a number")
-            product = values[key] * factor
-            if isinstance(values[key], int) and float(product).is_integer():
-                product = int(product)
-            sets.append(f"{key}={toml_value(product)}")
-    return sets
+    """--set strings of one run (`AtScale.overrides`)."""
+    return grid.at(scale).overrides(task, arm, axis_values)
 
 
 def combinations(axes: dict) -> list[dict]:
@@ -241,28 +294,29 @@ def combinations(axes: dict) -> list[dict]:
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
 
 
-def labels_of(grid: Grid, scale: str, tasks: list[str], arms: list[str], extra: list[str]) -> tuple[dict, dict]:
+def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) -> tuple[dict, dict]:
     """{(task, arm, axis values): labels}: the config keys whose values differ between the runs
     the report puts in one table, those of every grid entry whose preset names the same registry
     task, over every arm and axis value the grid declares (not only those run now, so a run's
     labels do not depend on which others were asked for), with the --set `extra` that every run
     gets. An arm not run now that `extra` does not suit (an option of another scheme, say) is
     left out rather than refused. Every config is loaded (validated) once, whatever the number of
-    tasks; the loaded configs are returned beside the labels, for the jobs to carry."""
+    tasks; each run's overrides and loaded config are returned beside the labels, for its jobs to carry."""
     configs, loaded = {}, {}
-    for entry in grid.resolved(scale)["tasks"]:
-        preset = grid.preset(scale, entry)
-        for arm in grid.arms_of(scale, entry):
-            for values in combinations(grid.axes(scale, entry)):
+    for entry in at.data["tasks"]:
+        preset = at.preset(entry)
+        for arm in at.arms_of(entry):
+            for values in combinations(at.axes(entry)):
                 try:
-                    cfg = load(preset, arm_overrides(grid, scale, entry, arm, values) + list(extra))
+                    sets = at.overrides(entry, arm, values) + list(extra)
+                    cfg = load(preset, sets)
                 except UserError:
                     if entry in tasks and arm in arms:
                         raise
                     continue
                 # an empty options table is no setting: {} and a missing key must not count as a difference
                 configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
-                loaded[(entry, arm, tuple(values.items()))] = cfg
+                loaded[(entry, arm, tuple(values.items()))] = sets, cfg
     labels = {}
     for name in {c["task.name"] for c in configs.values()}:
         table = {run: c for run, c in configs.items() if c["task.name"] == name}
@@ -277,18 +331,18 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
          samples: int = 0, extra: list[str] | None = None, threads: int = 0) -> list[Job]:
     """The jobs of a reproduction. `threads`: torch threads per run; 0 shares the machine's
     cores among the workers. Every config is loaded (validated) here, in the parent process, once per
-    task, arm and axis values; each job carries its own, seeds and threads set, so no worker loads it again."""
-    extra = list(extra or [])
+    task, arm and axis values, with its overrides; each job carries both, seeds and threads set, so no
+    worker loads it again."""
+    at = grid.at(scale)
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    jobs, (labels, loaded) = [], labels_of(grid, scale, tasks, arms, extra)
+    jobs, (labels, loaded) = [], labels_of(at, tasks, arms, list(extra or []))
     for task in tasks:
-        preset = grid.preset(scale, task)
-        for arm in (a for a in arms if a in grid.arms_of(scale, task)):
-            spec = grid.arm(scale, task, arm)
+        preset = at.preset(task)
+        for arm in (a for a in arms if a in at.arms_of(task)):
+            spec = at.arm(task, arm)
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
-            for values in combinations(grid.axes(scale, task)):
-                sets = arm_overrides(grid, scale, task, arm, values) + extra
-                cfg = loaded[(task, arm, tuple(values.items()))]
+            for values in combinations(at.axes(task)):
+                sets, cfg = loaded[(task, arm, tuple(values.items()))]
                 method = get_method(cfg.method)
                 grid.fail_unless(method.has_stop_rules or not (stops or per_step),
                                  f"arm {arm} lists stop rules or per_step, but its method {method.name} has no stop rules")

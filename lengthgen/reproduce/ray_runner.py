@@ -1,6 +1,6 @@
 """`lengthgen reproduce PAPER --backend ray [--address ADDRESS]`: every run of a grid as a Ray task.
 
-Each task is the job the local process pool runs (`reproduce.run_job`: train, resume or
+Each task is the job the local process pool runs (`jobs.run_job`: train, resume or
 skip, then evaluate; it never raises), so the guarantees are the same: a finished run is
 skipped, an interrupted one resumes from its checkpoint, a failing one is reported without
 stopping the others, and the report is written once every run is done. Without an address
@@ -34,8 +34,6 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lengthgen.config.presets import load
-from lengthgen.config.schema import from_data
 from lengthgen.errors import ResourceError, UserError
 from lengthgen.reproduce.grid import Job
 
@@ -145,8 +143,7 @@ def run_on_ray(run_job, jobs: list[Job], out: Path, address: str | None, progres
         gpus = ray.cluster_resources().get("GPU", 0)
         task = ray.remote(run_job)
         for job, remote_job in zip(jobs, shipped(jobs, out)):
-            cfg = from_data(job.config) if job.config else load(job.preset, job.overrides)
-            request = resources(cfg.train.device, job.threads, gpus, gpus_per_job)
+            request = resources(job.loaded().train.device, job.threads, gpus, gpus_per_job)
             pending[task.options(max_retries=retries, **request).remote(remote_job)] = (job, time.perf_counter())
         with tqdm(total=len(pending), desc="runs", disable=not progress) as bar:
             while pending:

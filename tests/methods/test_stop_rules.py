@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lengthgen.config import presets
 from lengthgen.methods.looped import stop_passes
 
 from lengthgen.methods.looped import stop_rules as stopping
 from lengthgen.methods.looped.block import oracle_logits
 from lengthgen.methods.registry import get_method
-from lengthgen.tasks import get_task
+from lengthgen.tasks import get_task, score
 from test_looped import mixed_batch, tiny
 
 
@@ -202,3 +203,46 @@ def test_a_model_with_nan_logits_stops_at_step_1_under_every_rule():
         assert steps.tolist() == [1] * len(batch), rule
         read = stopping.readout(tr, batch, rule)
         assert read is None or torch.equal(read[1], steps), rule
+
+
+def test_a_looped_method_reads_out_its_rules_from_one_pass_as_each_alone():
+    """Method.read_out, what evaluation asks: rules read from one shared trace choose and score as
+    each rule's own pass does; with per_step, the curve is the trace's sums over the batch after
+    each iteration t <= 2 T(n), and the oracle step beside them."""
+    model, batch, task, method = tiny().eval(), mixed_batch(), get_task("copy"), get_method("looped")
+    stops = method.stops(["oracle", "fixed:3", "confidence", "oracle"])
+    assert stops == ["oracle", "fixed:3", "confidence"] and method.stops() == ["oracle"]
+    shared, curve = method.read_out(model, batch, task, stops, per_step=True)
+    for stop, (values, steps) in zip(stops, shared):
+        ((alone, alone_steps),), none = method.read_out(model, batch, task, [stop])
+        assert none is None and torch.equal(steps, alone_steps), stop
+        assert all(torch.equal(values[k], alone[k]) for k in ("accuracy", "token_accuracy")), stop
+    tr = stop_passes.trace(model, batch, stopping.default_t_max(batch), task)
+    assert torch.equal(curve["accuracy"], tr.exact.float().sum(1))
+    assert torch.equal(curve["confidence"], tr.confidence.sum(1))
+    assert curve["oracle_step"].tolist() == [float(batch.n_steps.sum())] * len(tr.exact)
+    with pytest.raises(ValueError, match="halting head"):
+        method.stops(["oracle", "halt"])
+
+
+def test_a_looped_method_reads_out_in_its_own_confidence_precision():
+    """eval.confidence_precision is the method's setting: its read-out enters it (the rows of
+    test_released_float32_confidence_ties_sure_steps_at_zero)."""
+    batch, model = scripted_case([[1e-9, 0.3, 0.5], [1e-12, 0.2, 0.5], [1e-10, 0.1, 1e-15]])
+    released = get_method("looped", presets.load(None, ["method=looped", "eval.confidence_precision=float32"]))
+    for method, picked in ((released, [1, 3, 3]), (get_method("looped"), [2, 3, 3])):
+        ((_, steps),), _ = method.read_out(model, batch, get_task("parity"), ["confidence-per-sample:3"])
+        assert steps.tolist() == picked
+
+
+def test_a_method_without_stop_rules_reads_out_its_own_prediction():
+    """The plain read-out: the method's prediction scored by the task, no step, no curve; stop
+    rules are ignored here (the CLI and the grid refuse them)."""
+    cfg = presets.load(None, ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "task.name=copy"])
+    task, method = get_task("copy"), get_method("ntp", cfg)
+    model, batch = method.build_model(cfg, task).eval(), mixed_batch()
+    assert method.stops(["oracle"]) == [None]
+    ((values, steps),), curve = method.read_out(model, batch, task, [None], per_step=True)
+    exact, token = score(method.predict(model, batch), batch)
+    assert steps is None and curve is None
+    assert torch.equal(values["accuracy"], exact) and torch.equal(values["token_accuracy"], token)

@@ -249,3 +249,25 @@ def test_a_plan_validates_each_config_once_and_its_jobs_carry_them(tmp_path, mon
     monkeypatch.setattr(presets, "validate", validate)
     for job in jobs:
         assert job.config == to_dict(presets.load(job.preset, job.overrides))
+
+
+def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):
+    """Planning the looped paper's default runs at cpu scale (18 configs x 3 seeds) merges and checks each
+    scale of the grid once, when the grid is read (276 times when every question re-merged it), and works
+    out each declared run's overrides once (a run planned now had them worked out twice: for its labels,
+    then for its job)."""
+    from collections import Counter
+
+    from lengthgen.reproduce.runner import planned
+
+    merged, overrides = Counter(), Counter()
+    merge, override = grids.Grid.merged, grids.AtScale.overrides
+    monkeypatch.setattr(grids.Grid, "merged", lambda grid, scale: merged.update([scale]) or merge(grid, scale))
+    monkeypatch.setattr(grids.AtScale, "overrides", lambda at, task, arm, values: overrides.update(
+        [(task, arm, tuple(values.items()))]) or override(at, task, arm, values))
+    plan = planned("looped", "cpu", None, None, None, tmp_path / "out", 1, 0, [], 1)
+    assert len(plan.jobs) == 54 and len({(job.task, job.arm) for job in plan.jobs}) == 18
+    assert merged == Counter(plan.at.grid.scales)  # cpu and paper, each once
+    assert {(job.task, job.arm, ()) for job in plan.jobs} <= set(overrides) and set(overrides.values()) == {1}
+    for job in plan.jobs:  # the overrides a job carries are the ones its config was loaded with
+        assert job.overrides[:-3] == override(plan.at, job.task, job.arm, {})

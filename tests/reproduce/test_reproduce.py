@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from lengthgen.cli import main
 from lengthgen.config.presets import load
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import ConfigError, RunsFailed, UserError
 from lengthgen.results.rows import read_rows
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce import runner as rp
+from lengthgen.reproduce.jobs import run_job
 from toy_papers import toy_preset
 
 def looped_preset(task: str, model: str, lengths: str) -> str:
@@ -159,19 +161,27 @@ def no_runs(monkeypatch):
     monkeypatch.setattr(rp, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("runs started"))
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    ({"tasks": []}, "--tasks names no task"),
-    ({"arms": []}, "--arms names no arm"),
-    ({"samples": -1}, "--samples must be >= 1"),
-    ({"extra": ["train.model_seed=7"]}, "use --seeds"),
-    ({"extra": ["train.data_seed=7"]}, "use --seeds"),
-    ({"extra": [" train.threads = 1"]}, "use --threads"),
-    ({"extra": ["train={model_seed=5, threads=3}"]}, "use --seeds"),
-], ids=["no-task", "no-method", "samples", "model-seed", "data-seed", "threads", "inline-table"])
-def test_bad_arguments_are_refused_before_any_run(experiments, tmp_path, no_runs, kwargs, needle):
-    args = {"tasks": ["parity"], "arms": ["ntp"], "seeds": 1, "workers": 1, "progress": False, **kwargs}
-    with pytest.raises(UserError, match=needle):
-        rp.reproduce("looped", "cpu", out=tmp_path / "out", **args)
+@pytest.mark.parametrize("flags, needle", [
+    (["--tasks", ","], "--tasks names no task"),
+    (["--arms", ","], "--arms names no arm"),
+    (["--samples", "-1"], "--samples must be >= 1"),
+    (["--seeds", "0"], "--seeds and --workers must be >= 1"),
+    (["--workers", "0"], "--seeds and --workers must be >= 1"),
+    (["--threads", "-1"], "--threads >= 0"),
+    (["--set", "train.model_seed=7"], "use --seeds"),
+    (["--set", "train.data_seed=7"], "use --seeds"),
+    (["--set", " train.threads = 1"], "use --threads"),
+    (["--set", "train={model_seed=5, threads=3}"], "use --seeds"),
+], ids=["no-task", "no-arm", "samples", "seeds", "workers", "threads", "model-seed", "data-seed", "threads-set",
+        "inline-table"])
+def test_bad_flags_are_refused_before_any_run(experiments, tmp_path, no_runs, capsys, flags, needle, monkeypatch):
+    """The command checks its flags (lengthgen.cli.check_reproduce_flags) before a grid is planned."""
+    monkeypatch.setattr(grids, "find", lambda *a: pytest.fail("a grid was read"))
+    argv = ["reproduce", "looped", "--scale", "cpu", "--tasks", "parity", "--arms", "ntp", "--seeds", "1",
+            "--workers", "1", "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv + flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "out").exists()
 
 
@@ -208,21 +218,21 @@ def parity_ntp(out, samples):
 def test_run_is_evaluated_again_when_settings_change_or_results_are_missing(experiments, tmp_path):
     out = tmp_path / "out"
     folder = out / "runs" / "parity-ntp-s0"
-    first = rp.run_job(parity_ntp(out, samples=8))
+    first = run_job(parity_ntp(out, samples=8))
     assert first["ok"] and not first["skipped"]
-    assert rp.run_job(parity_ntp(out, samples=8))["skipped"]
+    assert run_job(parity_ntp(out, samples=8))["skipped"]
     # other --samples: the old evaluation does not count
-    again = rp.run_job(parity_ntp(out, samples=4))
+    again = run_job(parity_ntp(out, samples=4))
     assert again["ok"] and not again["skipped"]
     assert {r["n"] for r in read_rows(folder / "eval.csv")} == {4}
     assert json.loads((folder / "eval.done").read_text())["samples"] == 4
     # eval.done without eval.csv: evaluated again, not skipped and left out of the report
     (folder / "eval.csv").unlink()
-    assert not rp.run_job(parity_ntp(out, samples=4))["skipped"] and (folder / "eval.csv").is_file()
+    assert not run_job(parity_ntp(out, samples=4))["skipped"] and (folder / "eval.csv").is_file()
     # an unreadable eval.csv is kept aside and the run evaluated again
     text = (folder / "eval.csv").read_text()
     (folder / "eval.csv").write_text(text[:-5])
-    assert not rp.run_job(parity_ntp(out, samples=4))["skipped"]
+    assert not run_job(parity_ntp(out, samples=4))["skipped"]
     assert (folder / "eval.csv.unreadable").read_text() == text[:-5] and read_rows(folder / "eval.csv")
 
 
@@ -234,7 +244,7 @@ def test_run_folder_without_checkpoint_is_kept_unless_it_holds_nothing(experimen
     (folder / "config.toml").write_text(to_toml(load(job.preset, job.overrides)))
     (folder / "eval.csv").write_text("kept\n")
     (folder / "notes.md").write_text("kept\n")
-    result = rp.run_job(job)
+    result = run_job(job)
     assert not result["ok"] and "no checkpoint" in result["error"] and "notes.md" in result["error"]
     assert (folder / "eval.csv").read_text() == (folder / "notes.md").read_text() == "kept\n"
     # what a training killed before its first checkpoint leaves is started afresh
@@ -242,7 +252,7 @@ def test_run_folder_without_checkpoint_is_kept_unless_it_holds_nothing(experimen
     (folder / "notes.md").unlink()
     (folder / "metrics.jsonl").write_text("")
     (folder / "checkpoints" / ".step_00000010.tmp").mkdir()
-    assert rp.run_job(job)["ok"] and read_rows(folder / "eval.csv")
+    assert run_job(job)["ok"] and read_rows(folder / "eval.csv")
 
 
 def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monkeypatch):

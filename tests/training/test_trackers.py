@@ -17,7 +17,7 @@ from lengthgen.runtime import checkpoint
 from lengthgen.config import presets
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import UserError
-from lengthgen.reproduce.runner import config_difference
+from lengthgen.reproduce.jobs import config_difference
 from lengthgen.training.trainer import train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",

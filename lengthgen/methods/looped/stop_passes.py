@@ -17,13 +17,12 @@ import contextlib
 import contextvars
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from lengthgen.methods.looped.block import oracle_logits, per_sample_steps, scored_width, take_rows
-from lengthgen.tasks import Batch
+from lengthgen.tasks import Batch, Task, score
 
 
 def confidence_dtype(device: torch.device) -> torch.dtype:
@@ -225,27 +224,28 @@ class Trace:
 
 
 @torch.no_grad()
-def trace(model, batch: Batch, t_max: int, metrics: Callable | None = None) -> Trace:
+def trace(model, batch: Batch, t_max: int, task: Task | None = None) -> Trace:
     """Run every sample t_max iterations and score each read-out: one pass from which
-    `readout` takes any number of rules and `eval --per-step` its curve. `metrics`
-    (pred (B, L), batch) -> {name: (B,)} adds a task's own metrics (Task.metrics)."""
+    `readout` takes any number of rules and `eval --per-step` its curve. Each read-out is scored
+    as evaluation scores any prediction (`tasks.score`), and with `task` by the task's own
+    metrics too (Task.metrics)."""
     (h, e, pos), w = start_blanked(model, batch)
-    scored, targets = batch.scored[:, :w], batch.targets[:, :w]
+    scored = batch.scored[:, :w]
     exact, token, conf, batch_conf, extra, halts = [], [], [], [], [], []
     for t in range(1, t_max + 1):
         h = model.step(h, e, pos)
         if hasattr(model, "halt_logits"):
             halts.append(model.halt_logits(h, scored, t).to(confidence_dtype(h.device)))
         logits = model.read(h)  # (B, w, V)
-        pred = logits.argmax(-1)
-        right = (pred == targets) & scored
-        exact.append((right | ~scored).all(1))
-        token.append(right.sum(1).float() / scored.sum(1).clamp(min=1))
+        pred = _full(logits.argmax(-1), batch.inputs.shape[1])  # no column past w is scored
+        right, share = score(pred, batch)
+        exact.append(right)
+        token.append(share)
         per_sample, whole = _confidences(logits, scored)
         conf.append(per_sample)
         batch_conf.append(whole)
-        if metrics is not None:
-            extra.append(metrics(_full(pred, batch.inputs.shape[1]), batch))
+        if task is not None:
+            extra.append(task.metrics(pred, batch))
     extra = {name: torch.stack([step[name] for step in extra]) for name in (extra[0] if extra else {})}
     return Trace(torch.stack(exact), torch.stack(token), torch.stack(conf), batch_conf, extra,
                  torch.stack(halts) if halts else None)

@@ -3,7 +3,8 @@
 Rules are objects in one registry (`RULES`, parsed from `name[:args]` by `parse_rule`):
 each runs its own pass (lengthgen.methods.looped.stop_passes), says how many iterations a shared trace
 must run for it, and reads its choice out of such a trace. Every rule returns (pred (B, L)
-argmax ids, steps (B,): the iteration each sample was read out at).
+argmax ids, steps (B,): the iteration each sample was read out at). `read_out` is the looped
+methods' read-out of a batch under any number of rules (`Method.read_out`, which evaluation calls).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from torch import Tensor
 from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.methods.looped.block import per_sample_steps
 from lengthgen.methods.looped.stop_passes import (CONFIDENT, Trace, confidence, confidence_per_sample, first_confident,
-                                                  fixed, halt, oracle)
-from lengthgen.tasks import Batch
+                                                  fixed, halt, oracle, trace)
+from lengthgen.tasks import Batch, Task
 from lengthgen.tasks.base import MAX_STEPS_PER_LENGTH
 
 # The most iterations a rule may ask for: the confidence rules' own window, 2 T(n), at the longest
@@ -232,3 +233,36 @@ def predict_stop(model, batch: Batch, rule: str | StopRule) -> tuple[Tensor, Ten
     """(pred (B, L), read-out step (B,)) under a rule: oracle | fixed:N | confidence[:T_MAX] |
     confidence-per-sample[:T_MAX[:PATIENCE]] | first-confident[:T_MAX] | halt[:T_MAX]."""
     return parse_rule(rule).run(model, batch)
+
+
+def read_out(method, model, batch: Batch, task: Task, stops: list[str | None],
+             per_step: bool = False) -> tuple[list[tuple[dict[str, Tensor], Tensor | None]], dict[str, Tensor] | None]:
+    """`Method.read_out` of a looped method (`method`): each rule of `stops` on one batch, and with
+    `per_step` the batch's curve (`iteration_sums`). A None rule is the method's own prediction.
+
+    With several rules or `per_step` the batch runs once to the longest iteration any of them
+    needs (`trace`) and every rule is read out of that pass: the same choices as the rules' own
+    passes at a fraction of the cost. A lone rule runs its own pass (per-sample confidence then
+    retires finished samples), and so does a rule a trace cannot give (patience)."""
+    rules = [None if stop is None else parse_rule(stop) for stop in stops]
+    tr = None
+    if per_step or len(rules) > 1:
+        needs = [rule.steps_needed(batch) for rule in rules] + ([default_t_max(batch)] if per_step else [])
+        tr = trace(model, batch, max(needs), task)
+    read = []
+    for rule in rules:
+        got = readout(tr, batch, rule) if tr is not None else None
+        if got is None:
+            pred, steps = (method.predict(model, batch), None) if rule is None else method.predict_stop(model, batch, rule)
+            got = method.values(model, batch, task, pred), steps
+        read.append(got)
+    return read, iteration_sums(tr, batch) if per_step else None
+
+
+def iteration_sums(tr: Trace, batch: Batch) -> dict[str, Tensor]:
+    """{column: (T,) sum over the batch's samples} after each iteration t <= 2 T(n) (`default_t_max`):
+    exact-match accuracy, mean confidence loss, and the oracle step T(n) (the same at every t)."""
+    t = default_t_max(batch)
+    oracle_steps = float(batch.n_steps.float().sum())  # on the CPU in float64: MPS has no float64
+    return {"accuracy": tr.exact[:t].float().sum(1), "confidence": tr.confidence[:t].sum(1),
+            "oracle_step": torch.full((t,), oracle_steps, dtype=torch.float64)}

@@ -1,0 +1,127 @@
+"""One run of a reproduction, as a worker runs it: train (or resume, or skip), then evaluate.
+
+`run_job` is what the local process pool (lengthgen.reproduce.runner) and Ray
+(lengthgen.reproduce.ray_runner) run for each job; `already_done` lets the reproducing
+process skip a finished run without starting a worker. A worker process imports this
+module, not the runner: it loads what a run needs (torch, the trainer, the evaluator) and
+not the progress line or the report.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from lengthgen.config.presets import load_saved
+from lengthgen.config.schema import RUNTIME_KEYS, flat, parse_lengths, to_dict
+from lengthgen.errors import UserError
+from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.reproduce.grid import Job
+from lengthgen.results.rows import LABELS, read_per_step, read_rows, relabel
+from lengthgen.runtime import checkpoint
+from lengthgen.runtime.run_folders import unstarted
+from lengthgen.training.trainer import is_finished, train
+
+
+def config_difference(folder: Path, cfg) -> str | None:
+    """How the run saved in `folder` differs from `cfg` (first key), or None.
+    A reproduction skips finished runs by folder name, so without this check a
+    different --set or preset would silently mix runs of two configs."""
+    saved = folder / "config.toml"
+    if not saved.is_file():
+        return None
+    old, new = flat(to_dict(load_saved(saved))), flat(to_dict(cfg))
+    for key in sorted(set(old) | set(new)):
+        if key not in RUNTIME_KEYS and old.get(key) != new.get(key):
+            return f"{key} is {old.get(key)!r} there, {new.get(key)!r} here"
+    return None
+
+
+def eval_settings(job: Job, cfg) -> dict:
+    """What a run's evaluation depends on beyond its config; recorded in eval.done."""
+    settings = {"samples": job.samples or cfg.eval.samples, "lengths": parse_lengths(cfg.eval.lengths),
+                "stops": job.stops, "per_step": job.per_step}
+    if cfg.eval.token_contexts:  # the per-token files too (their settings are the run's config, checked apart)
+        settings["token_files"] = ["token_loss.csv"] + (["dependence.csv"] if cfg.eval.dependence else [])
+    return settings
+
+
+def evaluation_current(folder: Path, settings: dict) -> bool:
+    """eval.done records these settings, and eval.csv (and per_step.csv) are there and readable."""
+    try:
+        if json.loads((folder / "eval.done").read_text()) != settings:
+            return False  # "ok" from before settings were recorded is not JSON: evaluated again
+        if settings["per_step"]:
+            read_per_step(folder / "per_step.csv")
+        if not all((folder / name).is_file() for name in settings.get("token_files", [])):
+            return False
+        return bool(read_rows(folder / "eval.csv"))
+    except (OSError, ValueError, UserError):  # missing or unreadable
+        return False
+
+
+def set_aside_if_unreadable(path: Path) -> None:
+    """Move an unreadable eval.csv aside (kept, never deleted): evaluating the run again would
+    otherwise refuse to merge into it."""
+    try:
+        if path.exists():
+            read_rows(path)
+    except UserError as err:
+        aside = path.with_name(f"{path.name}.unreadable")
+        path.replace(aside)
+        print(f"note: {err}; moved it to {aside}", file=sys.stderr)
+
+
+def run_job(job: Job) -> dict:
+    """Train (or resume, or skip) and evaluate one run; never raises."""
+    folder = Path(job.folder)
+    start = time.perf_counter()
+    try:
+        cfg = job.loaded()  # validated by plan
+        difference = config_difference(folder, cfg)
+        if difference:
+            raise UserError(f"{folder} holds a run of another config ({difference}); "
+                            "use another --out or delete that folder")
+        settings, done = eval_settings(job, cfg), folder / "eval.done"
+        finished = is_finished(folder)
+        skipped = finished and evaluation_current(folder, settings)
+        if not skipped:
+            torch.set_num_threads(job.threads)
+        if not finished:
+            resume = folder.is_dir() and checkpoint.latest(folder) is not None
+            if not resume and not unstarted(folder):  # e.g. checkpoints pruned to save disk: keep its results
+                kept = ", ".join(sorted(p.name for p in folder.iterdir()))
+                raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
+                                "move or delete that folder to train the run again")
+            train(cfg, folder, resume=resume, force=not resume, progress=False)
+        labels = folder / LABELS  # the row labels, written after training (which may start the folder afresh)
+        if not labels.is_file() or json.loads(labels.read_text() or "null") != job.labels:
+            labels.write_text(json.dumps(job.labels) + "\n")
+            if skipped:
+                relabel(folder)
+        if not skipped:
+            done.unlink(missing_ok=True)  # an interrupted evaluation must not look finished
+            set_aside_if_unreadable(folder / "eval.csv")
+            evaluate_run(folder, settings["lengths"], settings["samples"], stops=job.stops or None,
+                         per_step=job.per_step, progress=False)
+            done.write_text(json.dumps(settings) + "\n")
+        return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start, "skipped": skipped}
+    except BaseException as err:  # report any failure of this run and let the others go on
+        return {"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
+                "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+
+
+def already_done(job: Job) -> bool:
+    """Whether run_job would skip this run: trained, and evaluated with these settings. (Any
+    doubt, e.g. an unreadable file, is False: the worker finds and reports what is wrong.)"""
+    folder = Path(job.folder)
+    if not (folder / "eval.done").is_file():
+        return False
+    try:
+        return is_finished(folder) and evaluation_current(folder, eval_settings(job, job.loaded()))
+    except Exception:
+        return False
