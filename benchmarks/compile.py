@@ -23,9 +23,7 @@ import torch
 
 from lengthgen.model import compiling
 
-from lengthgen.config import presets
-from lengthgen.methods.registry import get_method
-from lengthgen.tasks import task_of
+from lengthgen import assembly
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training.run_state import decay_params
 
@@ -49,8 +47,8 @@ def batch_of(cfg, task, generator):
 
 def measure(name: str, steps: int, warmup: int) -> dict:
     preset, sets = CASES[name]
-    cfg = presets.load(str(ROOT / preset), sets)
-    task, method = task_of(cfg.task), get_method(cfg.method)
+    run = assembly.assemble(str(ROOT / preset), sets)
+    cfg, task, method = run.cfg, run.task, run.method
     models, optimizers = {}, {}
     for variant in ("eager", "compiled"):
         torch.manual_seed(0)

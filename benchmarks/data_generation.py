@@ -15,9 +15,8 @@ import time
 
 import torch
 
-from lengthgen.config import presets
-from lengthgen.methods.registry import get_method
-from lengthgen.tasks import TASKS, get_task
+from lengthgen import assembly
+from lengthgen.tasks import TASKS
 from lengthgen.training.run_state import decay_params
 from lengthgen.training.trainer import sample_batch
 
@@ -47,13 +46,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch}; "
           f"training step: ntp decoder width {args.width}, {args.layers} layers, lengths mixed in 1..20")
     print(f"{'task':<15} {'samples/s @20':>14} {'samples/s @200':>15} {'data ms':>8} {'step ms':>8} {'data share':>10}")
-    method = get_method("ntp")
     for name in TASKS:
-        task = get_task(name)
+        run = assembly.assemble(None, [f"task.name={name}", "task.train_max=20", f"model.d_model={args.width}",
+                                       f"model.n_layer={args.layers}", f"model.n_head={args.heads}"])
+        cfg, task, method = run.cfg, run.task, run.method
         g = torch.Generator().manual_seed(0)
         rate = {n: args.batch / best_time(lambda n=n: task.sample(args.batch, n, g), args.repeats) for n in (20, 200)}
-        cfg = presets.load(None, [f"task.name={name}", "task.train_max=20", f"model.d_model={args.width}",
-                                 f"model.n_layer={args.layers}", f"model.n_head={args.heads}"])
         model = method.build_model(cfg, task)
         opt = torch.optim.AdamW(decay_params(model), lr=1e-4)
 

@@ -37,11 +37,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lengthgen.methods.looped import block as looped
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.methods.looped.block import looped_loss
-from lengthgen.methods.registry import get_method
 from lengthgen.runtime.devices import autocast, native_bf16
-from lengthgen.tasks import get_task
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training.run_state import decay_params
 
@@ -65,9 +63,9 @@ def matmul_peak(dtype: torch.dtype, shape: tuple[int, int, int] = (2048, 2048, 2
 
 def build(task_name: str):
     depth, heads = PAPER[task_name]
-    cfg = presets.load(None, ["method=looped", f"task.name={task_name}", "task.train_max=20", "model.d_model=256",
-                             f"model.n_layer={depth}", f"model.n_head={heads}"])
-    task, method = get_task(task_name), get_method("looped")
+    run = assembly.assemble(None, ["method=looped", f"task.name={task_name}", "task.train_max=20", "model.d_model=256",
+                                   f"model.n_layer={depth}", f"model.n_head={heads}"])
+    cfg, task, method = run.cfg, run.task, run.method
     torch.manual_seed(0)
     model = method.build_model(cfg, task)
     return task, model

@@ -23,11 +23,9 @@ from pathlib import Path
 import lengthgen  # noqa: F401  (the thread wait policy, before torch loads)
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.config.schedules import curriculum_max
-from lengthgen.methods.registry import get_method
 from lengthgen.model import narrow_attention
-from lengthgen.tasks import task_of
 from lengthgen.training.run_state import decay_params
 
 ROOT = Path(__file__).resolve().parent.parent / "experiments"
@@ -52,8 +50,8 @@ def steps_per_length(cfg) -> Counter:
 
 def measure(name: str, steps: int, lengths: int) -> dict:
     preset, sets = CASES[name]
-    cfg = presets.load(str(ROOT / preset), sets)
-    task, method = task_of(cfg.task), get_method(cfg.method)
+    run = assembly.assemble(str(ROOT / preset), sets)
+    cfg, task, method = run.cfg, run.task, run.method
     models, optimizers = {}, {}
     for path in ("sdpa", "kernel"):
         torch.manual_seed(0)

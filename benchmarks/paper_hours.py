@@ -46,12 +46,9 @@ from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from lengthgen.config.presets import load
-from lengthgen.methods.registry import get_method
+from lengthgen.assembly import assemble
 from lengthgen.model import compiling
-from lengthgen.model.position_transforms import build_transform
 from lengthgen.reproduce import grid as grids
-from lengthgen.tasks import get_task
 from lengthgen.training.distributed import MethodLoss
 from lengthgen.training.run_state import decay_params
 from lengthgen.training.trainer import backward, draw_batches
@@ -104,13 +101,12 @@ def kernel_counts(step) -> tuple[int, int]:
     return kernels, outside + graphs
 
 
-def step_cost(cfg, device: torch.device, fraction: int, steps: int, compile: bool = False) -> dict:
-    """FLOPs, operators and seconds of one training step of `cfg` at its longest training lengths;
+def step_cost(run, device: torch.device, fraction: int, steps: int, compile: bool = False) -> dict:
+    """FLOPs, operators and seconds of one training step of the assembled `run` at its longest training lengths;
     with `compile`, also its kernels eager and compiled, and launches with CUDA graphs."""
+    cfg, task, method, transform = run.cfg, run.task, run.method, run.transform
     cfg.train.batch_size //= fraction
     cfg.train.data_shards = 1
-    task, method = get_task(cfg.task.name, **cfg.task.options), get_method(cfg.method)
-    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     torch.manual_seed(0)
     model = method.build_model(cfg, task).to(device)
     tr = cfg.train
@@ -186,9 +182,9 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * 3 * args.compile)
     totals = [0.0] * 4  # hours here, compute, launches, estimate
     for job in jobs:
-        cfg = load(job.preset, job.overrides)
-        steps, batch = cfg.train.steps, cfg.train.batch_size
-        cost = step_cost(cfg, device, args.batch_fraction, args.steps, args.compile)
+        run = assemble(job.preset, job.overrides)
+        steps, batch = run.cfg.train.steps, run.cfg.train.batch_size
+        cost = step_cost(run, device, args.batch_fraction, args.steps, args.compile)
         flops, ops, seconds = cost["flops"], cost["ops"], cost["seconds"]
         launches = cost["launches"] if args.compile else ops
         runs = steps * seeds / 3600

@@ -25,15 +25,13 @@ STEP = r"""
 import json, sys, time
 import lengthgen  # sets the wait policy (unless the environment already has one) before torch loads
 import torch
-from lengthgen.config import presets
-from lengthgen.methods.registry import get_method
-from lengthgen.tasks import task_of
+from lengthgen import assembly
 from lengthgen.training.run_state import decay_params
 
 preset, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
-cfg = presets.load(preset, [])
-task, method = task_of(cfg.task), get_method(cfg.method)
+run = assembly.assemble(preset, [])
+cfg, task, method = run.cfg, run.task, run.method
 torch.manual_seed(0)
 model = method.build_model(cfg, task)
 optimizer = torch.optim.AdamW(decay_params(model), lr=cfg.train.lr)

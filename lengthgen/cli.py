@@ -60,7 +60,7 @@ def cmd_corpus(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from lengthgen.config import presets
+    from lengthgen.assembly import assemble
     from lengthgen.training.distributed import Ranks
     from lengthgen.training.trainer import train
 
@@ -72,11 +72,12 @@ def cmd_train(args) -> None:
         raise UserError("--resume needs the run folder: lengthgen train --resume --out RUN_DIR")
     if args.resume and args.set:
         raise UserError("--set cannot change a run being resumed; its saved config is used")
-    cfg = presets.load(args.preset, args.set)
+    run = assemble(args.preset, args.set)
+    cfg = run.cfg
     folder = Path(args.out) if args.out else Path("runs") / f"{Path(args.preset).stem if args.preset else 'run'}-s{cfg.train.model_seed}"
     if main_process:
         print(f"run folder: {folder}")
-    summary = train(cfg, folder, resume=args.resume, force=args.force, progress=not args.no_progress)
+    summary = train(run, folder, resume=args.resume, force=args.force, progress=not args.no_progress)
     if main_process:
         print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
 
@@ -84,8 +85,6 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_override
     from lengthgen.evaluation.evaluate import evaluate_run, latest_state, run_folder
-    from lengthgen.methods.registry import METHODS
-    from lengthgen.model.position_transforms import TRANSFORMS
     from lengthgen.results.rows import COLUMNS, format_table, metric_names
 
     if args.samples is not None and args.samples < 1:
@@ -105,11 +104,12 @@ def cmd_eval(args) -> None:
             raise UserError(str(err)) from None
     draws = args.position_draws if args.position_draws is not None and args.position_draws > 1 else None
     if args.lengths is None or args.samples is None or args.stop or args.per_step or draws:
-        cfg, folder = latest_state(args.run)[2], run_folder(args.run)  # what the options need of the run
+        run, folder = latest_state(args.run)[2], run_folder(args.run)  # what the options need of the run
+        cfg = run.cfg
         for flag, given in (("--stop", args.stop), ("--per-step", args.per_step)):
-            if given and not METHODS[cfg.method].has_stop_rules:
+            if given and not run.method.has_stop_rules:
                 raise UserError(f"{flag} applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
-        if draws and not TRANSFORMS[cfg.train.position_transform].random_at_evaluation:
+        if draws and not run.transform.random_at_evaluation:
             raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
                             f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
         args.lengths = cfg.eval.lengths if args.lengths is None else args.lengths
@@ -229,7 +229,13 @@ def check_reproduce_flags(args) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lengthgen", description="Train on short inputs, test on long ones.")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (add_setup_commands, add_eval_command, add_report_command, add_reproduce_command):
+        add(sub)
+    return p
 
+
+def add_setup_commands(sub) -> None:
+    """tasks, corpus and train."""
     t = sub.add_parser("tasks", help="list the tasks with a rendered example")
     t.add_argument("--length", type=int, default=6, help="problem length of the examples")
     t.add_argument("--seed", type=int, default=0)
@@ -253,6 +259,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_train)
 
+
+def add_eval_command(sub) -> None:
     e = sub.add_parser("eval", help="accuracy vs length of a trained run -> RUN/eval.csv")
     e.add_argument("run", help="run folder")
     e.add_argument("--lengths", help="e.g. 1:40, 10:50:10 or 8,16,32 (default: the run's eval.lengths)")
@@ -278,6 +286,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_eval)
 
+
+def add_report_command(sub) -> None:
     r = sub.add_parser("report", help="tables and a figure from eval.csv files")
     r.add_argument("dirs", nargs="+", help="run folders or folders containing runs")
     r.add_argument("--out", help="where to write report.md, results.csv and the figure "
@@ -294,6 +304,9 @@ def parser() -> argparse.ArgumentParser:
                    help="also draw accuracy at 2x the training length for each row of these columns (comma list, "
                         "e.g. arm,position) on every task, ranked by mean reciprocal rank across tasks (docs/matrix.md)")
     r.set_defaults(func=cmd_report)
+
+
+def add_reproduce_command(sub) -> None:
     rp = sub.add_parser("reproduce", help="train, evaluate and report a paper's comparison")
     rp.add_argument("paper", nargs="?", help="a folder name under experiments/ (see --list) or a folder holding a grid.toml")
     rp.add_argument("--list", action="store_true", help="name every paper with its scales, tasks and arms")
@@ -318,7 +331,6 @@ def parser() -> argparse.ArgumentParser:
                     help="config override for every run, e.g. train.precision=bf16 (repeatable)")
     rp.add_argument("--no-progress", action="store_true")
     rp.set_defaults(func=cmd_reproduce)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

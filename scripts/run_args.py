@@ -1,14 +1,14 @@
 """What the analysis scripts here share: `SCRIPT RUN_DIR [LENGTH ...]` read into a loaded run."""
 import copy
 import sys
+from dataclasses import replace
 
 import torch
 
-from lengthgen.config.presets import longest_sequence
+from lengthgen.assembly import longest_sequence
 from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.errors import UserError
-from lengthgen.evaluation.evaluate import load_run
-from lengthgen.model.positions import SCHEMES
+from lengthgen.evaluation.evaluate import load_assembled
 from lengthgen.tasks import score
 
 
@@ -21,8 +21,9 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
         if not args or not all(a.isascii() and a.isdigit() and 0 < int(a) <= MAX_LENGTH for a in args[1:]):
             raise UserError(f"usage: {script}.py RUN_DIR [LENGTH ...] (lengths: integers 1..{MAX_LENGTH})")
         folder, lengths = args[0], [int(n) for n in args[1:]] or default_lengths
-        cfg, run_task, method, model, _ = load_run(folder, torch.device("cpu"))
-        check_fits(cfg, max(lengths, default=1))
+        run, model, _ = load_assembled(folder, torch.device("cpu"))
+        cfg, run_task, method = run.cfg, run.task, run.method
+        check_fits(run, max(lengths, default=1))
         if task and run_task.name != task:
             raise UserError(f"{folder} is a {run_task.name!r} run; {script} needs a {task} one")
         if looped and not method.has_stop_rules:
@@ -32,13 +33,14 @@ def open_run(script: str, default_lengths: list[int], task: str | None = None, l
     return folder, lengths, cfg, run_task, method, model
 
 
-def check_fits(cfg, length: int) -> None:
+def check_fits(run, length: int) -> None:
     """A test length whose sequences outrun a learned or sinusoidal position table is
     refused here, in one line, instead of failing inside the model."""
-    if SCHEMES[cfg.model.position].has_table:
+    cfg = run.cfg
+    if run.scheme.has_table:
         at = copy.deepcopy(cfg)
         at.task.train_max = length
-        need = longest_sequence(at)
+        need = longest_sequence(replace(run, cfg=at))
         if need > cfg.model.max_positions:
             raise UserError(f"length {length} needs {need} positions; the run's table has "
                             f"model.max_positions = {cfg.model.max_positions}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lengthgen.config import schema as config
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.config.schema import tomllib
 
 BOOKKEEPING = {"train.log_interval", "train.checkpoint_interval"}  # logging, not the experiment
@@ -69,7 +69,7 @@ def same(a, b) -> bool:
 
 def drift(path: Path, documented: dict, overrides: list[str] = ()) -> list[str]:
     """Every documented key whose value the loaded preset (with `overrides`, e.g. a grid arm's) does not hold."""
-    got = config.flat(config.to_dict(presets.load(path, overrides)))
+    got = config.flat(config.to_dict(assembly.load(path, overrides)))
     return [f"{key}: preset {got.get(key, '<missing>')!r}, docs {value!r}"
             for key, value in documented.items() if key not in got or not same(got[key], value)]
 

@@ -22,13 +22,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lengthgen"
 # bottom to top; a module belongs to the first prefix it starts with
 LAYERS = [
     ["lengthgen.errors"],
-    ["lengthgen.config.schema", "lengthgen.config.schedules"],  # plain data: the keys, their types and defaults; schedules of the step
+    ["lengthgen.config"],  # plain data: the keys, their types and defaults, each section's own checks; schedules of the step
     ["lengthgen.results"],  # plain files: evaluation rows, the training log, per-token files
     ["lengthgen.tasks"],
     ["lengthgen.model"],
     ["lengthgen.methods"],
-    ["lengthgen.config.presets"],  # validation with every registry (tasks, schemes, methods, stop rules)
     ["lengthgen.runtime"],
+    ["lengthgen.assembly"],  # a run assembled: its config checked against every registry once, its parts built once
     ["lengthgen.evaluation"],
     ["lengthgen.training"],
     ["lengthgen.reporting"],
@@ -43,8 +43,8 @@ DRAWN_FROM_A_RUN = {("figures.py", "plot_attention"), ("gain.py", "example_token
 # the evaluator asks a method for its read-out (Method.stops, Method.read_out): only methods/ knows the looped family
 LOOPED = "lengthgen.methods.looped"
 NO_NAMES = ["results/rows.py", "reproduce/grid.py", "reproduce/runner.py", "reproduce/jobs.py", "evaluation/evaluate.py",
-            "reporting/series.py", "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/presets.py",
-            "cli.py"]
+            "reporting/series.py", "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/checks.py",
+            "assembly/__init__.py", "cli.py"]
 
 
 def module_name(path: Path) -> str:
@@ -171,8 +171,10 @@ def reporting_loads_beyond_results(graph: dict[str, set[str]]) -> list[str]:
 
 def test_every_module_is_in_a_layer():
     graph = the_graph()
-    assert "lengthgen.config.presets" in graph["lengthgen.runtime.checkpoint"]  # the parser sees the imports
+    assert "lengthgen.assembly" in graph["lengthgen.training.trainer"]  # the parser sees the imports
     assert graph["lengthgen.config.schema"] <= {"lengthgen.errors"}  # the schema is plain data, at the bottom
+    config = {t for m, targets in graph.items() if m.startswith("lengthgen.config.") for t in targets}
+    assert config <= {"lengthgen.errors", "lengthgen.config.schema", "lengthgen.config.schedules"}  # no registry
     assert [m for m in graph if layer(m) is None and m.count(".") > 0 and graph[m]] == []
 
 
@@ -245,12 +247,15 @@ def test_the_code_that_runs_configs_grids_and_reports_names_no_paper_task_or_met
 def test_validation_names_no_scheme_or_transform_either():
     """Each variant checks its own settings (`check` on tasks, methods and schemes; attributes of
     transforms and schemes), so validation asks capabilities, never names."""
-    named = names_in((PACKAGE / "config" / "presets.py").read_text(), variants=True)
-    assert not named, f"lengthgen/config/presets.py names {sorted(named)}"
+    for file in ("config/checks.py", "assembly/__init__.py"):
+        named = names_in((PACKAGE / file).read_text(), variants=True)
+        assert not named, f"lengthgen/{file} names {sorted(named)}"
 
 
 @pytest.mark.parametrize("module, target", [("lengthgen.model.transformer", "lengthgen.reporting.report"),
-                                            ("lengthgen.config.schema", "lengthgen.config.presets"),
+                                            ("lengthgen.config.checks", "lengthgen.assembly"),
+                                            ("lengthgen.runtime.checkpoint", "lengthgen.assembly"),
+                                            ("lengthgen.assembly", "lengthgen.evaluation.evaluate"),
                                             ("lengthgen.tasks.copy", "lengthgen.training.trainer")])
 def test_a_planted_import_from_above_fails(module, target):
     graph = the_graph()
@@ -262,7 +267,7 @@ def test_a_planted_cycle_and_a_planted_name_fail():
     graph = the_graph()
     graph["lengthgen.errors"] = {"lengthgen.cli"}
     assert cycle(graph) is not None
-    validation = (PACKAGE / "config" / "presets.py").read_text()
+    validation = (PACKAGE / "assembly" / "__init__.py").read_text()
     assert names_in(validation + '\n\ndef check_copy(cfg):\n    return cfg.task.name == "copy"\n') == {"copy"}
     planted = validation + '\n\ndef check_rope(cfg):\n    return cfg.model.position == "rope"\n'
     assert names_in(planted) == set() and names_in(planted, variants=True) == {"rope"}

@@ -14,7 +14,7 @@ from lengthgen.runtime import checkpoint
 
 from lengthgen.config import schema as config
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluation.evaluate import load_run
 from lengthgen.runtime.devices import pick_device
@@ -29,7 +29,7 @@ TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy
 def finished_run(tmp_path_factory):
     """One tiny finished run; tests damage copies of it."""
     folder = tmp_path_factory.mktemp("finished") / "run"
-    train(presets.load(None, TINY), folder, progress=False)
+    train(assembly.load(None, TINY), folder, progress=False)
     return folder
 
 
@@ -72,40 +72,40 @@ def one_line(err) -> str:
 ])
 def test_impossible_values_are_refused_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as err:
-        presets.load(None, overrides)
+        assembly.load(None, overrides)
     message = one_line(err)
     for name in names:
         assert name in message
 
 
 def test_integer_betas_become_floats_adamw_accepts():
-    cfg = presets.load(None, ["train.betas=[0, 0.99]"])
+    cfg = assembly.load(None, ["train.betas=[0, 0.99]"])
     assert cfg.train.betas == [0.0, 0.99] and all(isinstance(b, float) for b in cfg.train.betas)
     torch.optim.AdamW(decay_params(torch.nn.Linear(2, 2)), betas=tuple(cfg.train.betas))
 
 
 def test_position_table_that_fits_the_training_lengths_is_accepted():
     # copy at train_max 12 reads 12 + 1 + 11 input tokens (the last answer token is only a target)
-    presets.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=24"])
+    assembly.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=24"])
     with pytest.raises(ConfigError, match="at least 24"):
-        presets.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=23"])
+        assembly.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=23"])
 
 
 def test_eval_lengths_accepts_a_bare_integer(tmp_path):
-    cfg = presets.load(None, ["eval.lengths=24"])
+    cfg = assembly.load(None, ["eval.lengths=24"])
     assert cfg.eval.lengths == "24" and config.parse_lengths(cfg.eval.lengths) == [24]
     preset = tmp_path / "p.toml"
     preset.write_text("[eval]\nlengths = 7\n")
-    assert presets.load(preset).eval.lengths == "7"
+    assert assembly.load(preset).eval.lengths == "7"
 
 
 def test_preset_that_is_not_utf8_or_is_a_directory(tmp_path):
     latin = tmp_path / "latin.toml"
     latin.write_bytes("# caf\xe9\n[model]\nd_model = 32\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="UTF-8"):
-        presets.load(latin)
+        assembly.load(latin)
     with pytest.raises(ConfigError, match="is a folder, not a TOML file"):
-        presets.load(tmp_path)
+        assembly.load(tmp_path)
 
 
 def test_unavailable_device_is_refused(monkeypatch):
@@ -122,7 +122,7 @@ def test_unavailable_device_is_refused(monkeypatch):
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     file = tmp_path / "notes.txt"
     file.write_text("keep me")
-    cfg = presets.load(None, TINY)
+    cfg = assembly.load(None, TINY)
     for folder in (file, file / "sub"):
         with pytest.raises(UserError, match="is a file, not a folder"):
             train(cfg, folder, progress=False)
@@ -187,7 +187,7 @@ def test_checkpoint_records_digests_and_older_ones_still_load(run):
 
 def test_optimizer_state_of_another_model_is_refused(run, tmp_path):
     other = tmp_path / "other"
-    train(presets.load(None, TINY + ["model.d_model=32"]), other, progress=False)
+    train(assembly.load(None, TINY + ["model.d_model=32"]), other, progress=False)
     swapped = checkpoint.latest(run) / "optimizer.pt"
     shutil.copy(checkpoint.latest(other) / "optimizer.pt", swapped)
     with pytest.raises(UserError, match="sha256"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.methods.registry import get_method
 from lengthgen.model import compiling
 from lengthgen.tasks import task_of
@@ -27,7 +27,7 @@ def test_views_launch_nothing_and_fused_kernels_do():
 @pytest.mark.slow  # compiles a block
 def test_compiled_blocks_are_one_launch_each_with_graphs():
     torch._dynamo.reset()
-    cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_max=4", "model.d_model=16",
+    cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_max=4", "model.d_model=16",
                               "model.n_layer=1", "model.n_head=2", "train.device=cpu"])
     task, method = task_of(cfg.task), get_method(cfg.method)
     model = method.build_model(cfg, task)
@@ -47,7 +47,7 @@ def test_compiled_blocks_are_one_launch_each_with_graphs():
 
 
 def test_a_run_spends_its_steps_at_lengths_as_its_curriculum_draws_them():
-    cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_min=1", "task.train_max=4",
+    cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_min=1", "task.train_max=4",
                               "train.steps=100", "train.curriculum_start=2", "train.curriculum_interval=30",
                               "train.length_sampling=per_batch"])
     weights = narrow_benchmark.steps_per_length(cfg)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from lengthgen.cli import main
-from lengthgen.config import presets
+from lengthgen import assembly
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu", "train.steps=6",
@@ -10,7 +10,7 @@ TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy
 
 
 def tiny(*extra: str):
-    return presets.load(None, TINY + list(extra))
+    return assembly.load(None, TINY + list(extra))
 
 
 def train_cli(out, *extra: str) -> int:

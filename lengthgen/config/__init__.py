@@ -1,1 +1,1 @@
-"""Configuration: the schema of every key (schema.py) and presets loaded and validated (presets.py)."""
+"""Configuration: the schema of every key (schema.py) each section's own checks (checks.py), schedules of the step (schedules.py): plain data."""

@@ -3,8 +3,9 @@
 Every field is typed and commented. Reading checks every key and type and raises
 ConfigError with a one-line message naming the key; the CLI turns that into exit
 code 2 before anything is written. This module sits at the bottom of the import
-graph: checks that need the task, method, scheme or transform registries live in
-lengthgen.config.presets, which loads (reads and validates) a config.
+graph: each section's own checks are lengthgen.config.checks; those that need the task, method,
+scheme or transform registries live in lengthgen.assembly, which assembles (reads, checks and
+builds) a run.
 """
 from __future__ import annotations
 
@@ -273,7 +274,7 @@ def _upgrade(data: dict) -> dict:
 
 def read(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults <- preset TOML <- --set overrides, parsed and typed but not validated
-    against the registries (lengthgen.config.presets.load does both)."""
+    against the registries (lengthgen.assembly.assemble does both)."""
     cfg = Config()
     if preset is not None:
         path = Path(preset)

@@ -17,7 +17,7 @@ def attention_map(folder: Path, options: dict | None = None, length: int | None 
     numpy array, each scored position's source input (Task.source_positions, or None), how many
     scored positions the model got right, the sequence as text, the task and the length."""
     cfg, task, _, model, _ = load_run(folder, torch.device("cpu"))
-    task = task_of(cfg.task, **(options or {}))
+    task = task_of(cfg.task, **options) if options else task  # the run's own unless options change it
     n = length or cfg.task.train_max
     batch = task.sample(1, n, eval_generator(cfg.eval.seed, n))
     width = int(batch.widths[0])

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from lengthgen.assembly import Run
 from lengthgen.config.schema import Config, parse_lengths
 from lengthgen.evaluation.evaluate import rules_at
-from lengthgen.methods.registry import Method
-from lengthgen.model.position_transforms import build_transform
 from lengthgen.runtime.devices import autocast
 from lengthgen.results.metrics_log import PREFIX
 from lengthgen.tasks import Task, task_of
@@ -35,21 +34,20 @@ def key(length: str, stop: str | None) -> str:
 
 
 @torch.no_grad()
-def run_tests(cfg: Config, task: Task, method: Method, model, current_max: int, device: torch.device) -> dict:
+def run_tests(run: Run, tested: Task, model, current_max: int, device: torch.device) -> dict:
     """{key: exact match} at the current maximum and at each of train.test_lengths, on samples
-    of the run's task with train.test_options."""
+    of `tested` (the run's task with train.test_options), position IDs as evaluation reads them."""
+    cfg, method, transform = run.cfg, run.method, run.transform
     # train.test_stops, else the oracle, for methods with stop rules (the others ignore them); the
     # method reads out in its own eval.confidence_precision
     stops, tr = method.stops(cfg.train.test_stops), cfg.train
-    task = task_of(cfg.task, **tr.test_options) if tr.test_options else task
-    transform = build_transform(tr.position_transform, tr.position_transform_options)  # IDs as evaluation reads them
     lengths = [("max", current_max)] + [(str(n), n) for n in (parse_lengths(tr.test_lengths) if tr.test_lengths else [])]
     training = model.training
     model.eval()
     out = {}
     with torch.random.fork_rng(devices=[]), autocast(device, tr.precision):
         for name, n in lengths:
-            results, _ = rules_at(task, method, model, n, tr.test_samples, cfg.eval.batch_size, cfg.eval.seed,
+            results, _ = rules_at(tested, method, model, n, tr.test_samples, cfg.eval.batch_size, cfg.eval.seed,
                                   device, stops, transform=transform, draws=cfg.eval.position_draws)
             out.update({key(name, stop): results[stop]["accuracy"] for stop in stops})
     model.train(training)
@@ -60,11 +58,13 @@ class TestsDuringTraining:
     """The trainer's hook (lengthgen.training.trainer.Trainer): due every test_interval steps
     from test_offset, and after the last step."""
 
-    def __init__(self, cfg: Config, task: Task, method: Method, device: torch.device):
-        self.cfg, self.task, self.method, self.device = cfg, task, method, device
+    def __init__(self, run: Run, device: torch.device):
+        self.run, self.cfg, self.device = run, run.cfg, device
+        tr = run.cfg.train  # the tested samples' task: the run's, these options replacing its own
+        self.tested = task_of(run.cfg.task, **tr.test_options) if tr.test_options else run.task
 
     def due(self, step: int, last: bool) -> bool:
         return due(self.cfg, step) or last
 
     def __call__(self, weights, current_max: int) -> dict:
-        return run_tests(self.cfg, self.task, self.method, weights, current_max, self.device)
+        return run_tests(self.run, self.tested, weights, current_max, self.device)

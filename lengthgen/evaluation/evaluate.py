@@ -22,22 +22,22 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.config.presets import from_dict
+from lengthgen.assembly import Run, assemble_saved, check_sweep
 from lengthgen.config.schema import Config
 from lengthgen.errors import ResourceError, UserError, path_problem
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
-from lengthgen.methods.registry import Method, get_method
+from lengthgen.methods.registry import Method
 from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
-from lengthgen.model.position_transforms import PositionTransform, build_transform
+from lengthgen.model.position_transforms import PositionTransform
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
 from lengthgen.runtime.resources import batches_that_fit, is_out_of_memory, oom_detail
 from lengthgen.runtime.run_folders import check_eval_out, check_writable, rows_lock, run_lock
 from lengthgen.tasks import Batch, Task, task_of
 
-def latest_state(folder: Path) -> tuple[Path, dict, Config]:
-    """(the latest checkpoint, its state, the config it was trained with) of a run folder."""
+def latest_state(folder: Path) -> tuple[Path, dict, Run]:
+    """(the latest checkpoint, its state, the run it trained, assembled) of a run folder."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"run folder {folder} {path_problem(folder, 'folder')}")
@@ -45,19 +45,24 @@ def latest_state(folder: Path) -> tuple[Path, dict, Config]:
     if path is None:
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
     state = checkpoint.read_state(path)
-    return path, state, from_dict(state["config"])
+    return path, state, assemble_saved(state["config"], path / "state.json")
+
+
+def load_assembled(folder: Path, device: torch.device | None = None, use_ema: bool = True):
+    """(run, model, step) from a run folder's latest checkpoint."""
+    path, state, run = latest_state(folder)
+    device = device or pick_device(run.cfg.train.device)
+    model = run.method.build_model(run.cfg, run.task)
+    weights = path / "ema.safetensors"
+    checkpoint.load_weights(model, weights if use_ema and weights.exists() else path / "model.safetensors",
+                            state.get("sha256"))
+    return run, model.to(device).eval(), state["step"]
 
 
 def load_run(folder: Path, device: torch.device | None = None, use_ema: bool = True):
     """(cfg, task, method, model, step) from a run folder's latest checkpoint."""
-    path, state, cfg = latest_state(folder)
-    task, method = task_of(cfg.task), get_method(cfg.method, cfg)
-    device = device or pick_device(cfg.train.device)
-    model = method.build_model(cfg, task)
-    weights = path / "ema.safetensors"
-    checkpoint.load_weights(model, weights if use_ema and weights.exists() else path / "model.safetensors",
-                            state.get("sha256"))
-    return cfg, task, method, model.to(device).eval(), state["step"]
+    run, model, step = load_assembled(folder, device, use_ema)
+    return run.cfg, run.task, run.method, model, step
 
 
 def eval_generator(seed: int, length: int) -> torch.Generator:
@@ -223,7 +228,8 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
                   position_draws: int | None, compile: bool | None) -> list[dict]:
     """`evaluate_run` under the run's lock."""
     lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
-    cfg, task, method, model, step = load_run(folder)
+    run, model, step = load_assembled(folder)
+    cfg, task, method = run.cfg, run.task, run.method
     labels = read_labels(folder)
     out = output_folder(folder, out)
     try:
@@ -235,11 +241,10 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
     device = next(model.parameters()).device
     precision = eval_precision(cfg, device, folder)
     batch_size = batch_size or cfg.eval.batch_size
-    transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
     draws = cfg.eval.position_draws if position_draws is None else position_draws
     compiled = (cfg.eval.compile if compile is None else compile) and compile_blocks(model, device, "eval.compile")
     ctx = Measure(method, model, samples, batch_size, cfg.eval.seed if seed is None else seed, device, stops, per_step,
-                  transform, draws, batch_size * cfg.task.train_max, compiled)
+                  run.transform, draws, batch_size * cfg.task.train_max, compiled)
     cases = [(options, variant, length) for options, variant in variants for length in lengths]
     fits = fitting_batches(cfg, cases, samples, batch_size, device)
     rows, steps_rows, position_rows = [], [], []
@@ -280,7 +285,6 @@ def swept_tasks(cfg: Config, task: Task, sweep: dict | None, columns: list[str])
     run's eval.sweep), checked as eval.sweep and against the names of eval.csv's columns (those
     of every row, and `columns`: the row's own metrics and the run's labels)."""
     if sweep is not None and sweep != cfg.eval.sweep:  # given for this evaluation (--sweep): check it as eval.sweep
-        from lengthgen.config.presets import check_sweep
         check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
     sweep = cfg.eval.sweep if sweep is None else sweep
     clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(columns))

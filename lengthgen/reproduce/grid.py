@@ -43,12 +43,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lengthgen.config.presets import load
+from lengthgen.assembly import Run, assemble, assembled
 from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, read, to_dict, toml_value,
                                      tomllib)
 from lengthgen.errors import UserError
 from lengthgen.methods.looped.stop_rules import parse_rule
-from lengthgen.methods.registry import get_method
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments"
 GRID = "grid.toml"
@@ -79,7 +78,12 @@ class Job:
 
     def loaded(self):
         """The run's config: the one planning validated, or (a job made without it) its preset loaded."""
-        return from_data(self.config) if self.config else load(self.preset, self.overrides)
+        return from_data(self.config) if self.config else assemble(self.preset, self.overrides).cfg
+
+    def assembled(self) -> Run:
+        """The run with its parts built: from the config planning checked (not checked again), or
+        (a job made without it) its preset assembled."""
+        return assembled(from_data(self.config)) if self.config else assemble(self.preset, self.overrides)
 
 
 def merge(base: dict, change: dict) -> dict:
@@ -301,7 +305,7 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
     labels do not depend on which others were asked for), with the --set `extra` that every run
     gets. An arm not run now that `extra` does not suit (an option of another scheme, say) is
     left out rather than refused. Every config is loaded (validated) once, whatever the number of
-    tasks; each run's overrides and loaded config are returned beside the labels, for its jobs to carry."""
+    tasks; each run's overrides and assembled run are returned beside the labels, for its jobs to carry."""
     configs, loaded = {}, {}
     for entry in at.data["tasks"]:
         preset = at.preset(entry)
@@ -309,14 +313,14 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
             for values in combinations(at.axes(entry)):
                 try:
                     sets = at.overrides(entry, arm, values) + list(extra)
-                    cfg = load(preset, sets)
+                    run = assemble(preset, sets)
                 except UserError:
                     if entry in tasks and arm in arms:
                         raise
                     continue
                 # an empty options table is no setting: {} and a missing key must not count as a difference
-                configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(cfg)).items() if v != {}}
-                loaded[(entry, arm, tuple(values.items()))] = sets, cfg
+                configs[(entry, arm, tuple(values.items()))] = {k: v for k, v in flat(to_dict(run.cfg)).items() if v != {}}
+                loaded[(entry, arm, tuple(values.items()))] = sets, run
     labels = {}
     for name in {c["task.name"] for c in configs.values()}:
         table = {run: c for run, c in configs.items() if c["task.name"] == name}
@@ -342,21 +346,21 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
             spec = at.arm(task, arm)
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
             for values in combinations(at.axes(task)):
-                sets, cfg = loaded[(task, arm, tuple(values.items()))]
-                method = get_method(cfg.method)
+                sets, run = loaded[(task, arm, tuple(values.items()))]
+                cfg, method = run.cfg, run.method
                 grid.fail_unless(method.has_stop_rules or not (stops or per_step),
                                  f"arm {arm} lists stop rules or per_step, but its method {method.name} has no stop rules")
                 for stop in stops:
                     parse_stop(grid, arm, stop, method)
                 name = "-".join([task, arm, *(f"{axis_name(k)}={axis_text(v)}" for k, v in values.items())])
                 for seed in range(seeds):
-                    run = copy.deepcopy(cfg)
-                    run.train.model_seed = run.train.data_seed = seed
-                    run.train.threads = threads
+                    seeded = copy.deepcopy(cfg)
+                    seeded.train.model_seed = seeded.train.data_seed = seed
+                    seeded.train.threads = threads
                     jobs.append(Job(task, arm, seed, str(preset),
                                     sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
                                     str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
-                                    labels[(task, arm, tuple(values.items()))], to_dict(run)))
+                                    labels[(task, arm, tuple(values.items()))], to_dict(seeded)))
     return jobs
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lengthgen.config.presets import load_saved
-from lengthgen.config.schema import RUNTIME_KEYS, flat, parse_lengths, to_dict
+from lengthgen.config.schema import RUNTIME_KEYS, flat, parse_lengths, read, to_dict
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.reproduce.grid import Job
@@ -34,7 +33,7 @@ def config_difference(folder: Path, cfg) -> str | None:
     saved = folder / "config.toml"
     if not saved.is_file():
         return None
-    old, new = flat(to_dict(load_saved(saved))), flat(to_dict(cfg))
+    old, new = flat(to_dict(read(saved))), flat(to_dict(cfg))  # data only: the run's parts are not built for it
     for key in sorted(set(old) | set(new)):
         if key not in RUNTIME_KEYS and old.get(key) != new.get(key):
             return f"{key} is {old.get(key)!r} there, {new.get(key)!r} here"
@@ -81,7 +80,8 @@ def run_job(job: Job) -> dict:
     folder = Path(job.folder)
     start = time.perf_counter()
     try:
-        cfg = job.loaded()  # validated by plan
+        run = job.assembled()  # checked by plan: its parts built, once
+        cfg = run.cfg
         difference = config_difference(folder, cfg)
         if difference:
             raise UserError(f"{folder} holds a run of another config ({difference}); "
@@ -97,7 +97,7 @@ def run_job(job: Job) -> dict:
                 kept = ", ".join(sorted(p.name for p in folder.iterdir()))
                 raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
                                 "move or delete that folder to train the run again")
-            train(cfg, folder, resume=resume, force=not resume, progress=False)
+            train(run, folder, resume=resume, force=not resume, progress=False)
         labels = folder / LABELS  # the row labels, written after training (which may start the folder afresh)
         if not labels.is_file() or json.loads(labels.read_text() or "null") != job.labels:
             labels.write_text(json.dumps(job.labels) + "\n")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lengthgen.config.presets import longest_sequence
+from lengthgen.assembly import longest_sequence
 from lengthgen.errors import RunsFailed, UserError
 from lengthgen.reporting.report import DEFAULT_LAYOUT, figure_specs, write_report
 from lengthgen.reproduce import grid as grids
@@ -41,7 +41,6 @@ from lengthgen.results.metrics_log import METRICS_LOG, PREFIX
 from lengthgen.runtime.devices import check_precision, pick_device
 from lengthgen.runtime.resources import check_fits
 from lengthgen.runtime.run_folders import OutLock, check_overwritable
-from lengthgen.tasks import task_of
 
 REPRODUCTION_FILES = ("report.md", "results.csv", "timing.csv", "failures.txt")  # written into --out
 
@@ -139,11 +138,11 @@ def planned(paper: str, scale: str | None, seeds: int | None, tasks: list[str] |
 def check_machine(jobs: list[Job]) -> None:
     """What this machine cannot run (bf16 without native support, a run that would not fit in
     memory), refused here once rather than in every worker."""
-    configs = [job.loaded() for job in jobs]
-    for device, precision in {(c.train.device, c.train.precision) for c in configs}:
+    runs = [job.assembled() for job in jobs]
+    for device, precision in {(r.cfg.train.device, r.cfg.train.precision) for r in runs}:
         check_precision(pick_device(device), precision)
-    for cfg in configs:
-        check_fits(cfg, task_of(cfg.task).vocab_size, longest_sequence(cfg), pick_device(cfg.train.device))
+    for run in runs:
+        check_fits(run.cfg, run.task.vocab_size, longest_sequence(run), pick_device(run.cfg.train.device))
 
 
 def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,

@@ -17,25 +17,24 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.config.presets import from_dict, load_saved, longest_sequence
+from lengthgen.assembly import Run, assemble_saved, assembled, longest_sequence
 from lengthgen.config.schedules import curriculum_max, learning_rate
 from lengthgen.config.schema import Config, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
 from lengthgen.evaluation.during_training import TestsDuringTraining
-from lengthgen.methods.registry import get_method
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
-from lengthgen.model.position_transforms import build_transform
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, check_precision, pick_device
 from lengthgen.runtime.resources import DISK_FULL, NOT_WRITABLE, check_fits, is_out_of_memory, oom_detail, os_error_line
 from lengthgen.runtime.run_folders import check_deletable, run_lock, unstarted
-from lengthgen.tasks import Batch, Task, task_of
+from lengthgen.tasks import Batch, Task
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training import trackers
 from lengthgen.training.distributed import Ranks, no_sync, shard_seed
@@ -120,21 +119,21 @@ def prepare_run_dir(folder: Path, force: bool) -> None:
         raise ResourceError(f"cannot make run folder {folder}: {err.strerror}; give a folder you can write (--out)") from None
 
 
-def resumed_config(folder: Path) -> tuple[Config, bool]:
-    """The config `train --resume` continues with, and whether there is a checkpoint to continue
+def resumed_run(folder: Path) -> tuple[Run, bool]:
+    """The assembled run `train --resume` continues with, and whether there is a checkpoint to continue
     from. A run stopped before its first checkpoint (Ctrl-C, a kill, a crash) holds its config.toml
     and nothing else of value: it starts again from step 0 with that config."""
     check_is_folder(folder)
     path = checkpoint.latest(folder) if folder.is_dir() else None
     if path is not None:
-        return from_dict(checkpoint.read_state(path)["config"]), True
+        return assemble_saved(checkpoint.read_state(path)["config"], path / "state.json"), True
     if not (folder / "config.toml").is_file():
         raise UserError(f"cannot resume: {folder} holds no run (no checkpoint and no config.toml)")
     if not unstarted(folder):
         kept = ", ".join(sorted(p.name for p in folder.iterdir()))
         raise UserError(f"cannot resume: {folder} has no checkpoint but holds {kept}; "
                         "not overwriting it (--force starts the run afresh)")
-    return load_saved(folder / "config.toml"), False
+    return assemble_saved(folder / "config.toml"), False
 
 
 class Trainer:
@@ -144,11 +143,11 @@ class Trainer:
     checkpoint. A hook (tests during training) has `due(step, last)` and `__call__(weights,
     current_max) -> {key: value}`; the seconds it takes are not counted as training time."""
 
-    def __init__(self, cfg: Config, folder: Path, task: Task, method, state: RunState, ranks: Ranks,
-                 device: torch.device, hooks: list = ()):
-        self.cfg, self.folder, self.task, self.method, self.state = cfg, folder, task, method, state
+    def __init__(self, run: Run, folder: Path, state: RunState, ranks: Ranks, device: torch.device, hooks: list = ()):
+        cfg, task = run.cfg, run.task
+        self.cfg, self.folder, self.task, self.method, self.state = cfg, folder, task, run.method, state
         self.ranks, self.device, self.hooks = ranks, device, list(hooks)
-        self.transform = build_transform(cfg.train.position_transform, cfg.train.position_transform_options)
+        self.transform = run.transform
         self.fixed_set = training_set(cfg, task)  # None: fresh samples every step
         self.loss_of, self.shards = None, ranks.shards(cfg.train.data_shards)
         self.compiled, self.graphs_before = False, 0
@@ -266,34 +265,37 @@ class Trainer:
         return {"step": state.step, "folder": str(folder), "device": str(self.device)}
 
 
-def train(cfg: Config, folder: Path, resume: bool = False, force: bool = False, progress: bool = True) -> dict:
-    """Train the run in `folder`; returns a summary dict. Resumes from the latest checkpoint.
+def train(run: Run | Config | None, folder: Path, resume: bool = False, force: bool = False,
+          progress: bool = True) -> dict:
+    """Train the assembled `run` in `folder` (a Config checked before, as a test edits one, has its
+    parts built here); returns a summary dict. Resumes from the latest checkpoint, whose config wins.
     Under torchrun, one of the processes of a data-parallel run (lengthgen.training.distributed).
     The run folder's lock is held from before the folder is made (or deleted by --force, or read
     by --resume) until training ends: a second train of it stops with one line (run_lock)."""
     folder = Path(folder)
     check_is_folder(folder)
     with run_lock(folder) if Ranks.from_env().main else contextlib.nullcontext():
-        return train_held(cfg, folder, resume, force, progress)
+        return train_held(run, folder, resume, force, progress)
 
 
-def train_held(cfg: Config, folder: Path, resume: bool, force: bool, progress: bool) -> dict:
+def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool, progress: bool) -> dict:
     """`train` under the run folder's lock."""
     ranks = Ranks.from_env()
     restart = False
     if resume:  # the run's own config wins: the data stream and schedule depend on it
-        cfg, resume = resumed_config(folder)
+        run, resume = resumed_run(folder)
         restart = not resume
         if restart and ranks.main:
             print(f"note: {folder} has no checkpoint (stopped before its first one); "
                   "training it from step 0 with its saved config", file=sys.stderr)
-    device = ranks.device(pick_device(cfg.train.device))
-    check_precision(device, cfg.train.precision)
+    run = run if isinstance(run, Run) else assembled(run)
+    device = ranks.device(pick_device(run.cfg.train.device))
+    check_precision(device, run.cfg.train.precision)
     ranks.join(device)
-    cfg = ranks.sharded(cfg, resume)
+    run = replace(run, cfg=ranks.sharded(run.cfg, resume))
+    cfg, task, method = run.cfg, run.task, run.method
     trackers.check_installed(cfg.train.log_to)
-    task, method = task_of(cfg.task), get_method(cfg.method, cfg)
-    check_fits(cfg, task.vocab_size, longest_sequence(cfg), device)  # sizes that cannot fit: refused now
+    check_fits(cfg, task.vocab_size, longest_sequence(run), device)  # sizes that cannot fit: refused now
     if not resume:  # made only once the device can serve the config, by one process
         ranks.first(lambda: prepare_run_dir(folder, force or restart))
     if cfg.train.threads:
@@ -307,8 +309,8 @@ def train_held(cfg: Config, folder: Path, resume: bool, force: bool, progress: b
         (folder / "config.toml").write_text(to_toml(cfg))
         if hasattr(task, "save"):  # what the run read beyond its config (a trained tokenizer)
             task.save(folder)
-    hooks = [TestsDuringTraining(cfg, task, method, device)] if cfg.train.test_interval > 0 else []
-    return Trainer(cfg, folder, task, method, state, ranks, device, hooks).run(progress)
+    hooks = [TestsDuringTraining(run, device)] if cfg.train.test_interval > 0 else []
+    return Trainer(run, folder, state, ranks, device, hooks).run(progress)
 
 
 def resource_fault(err: BaseException, cfg: Config, folder: Path, step: int) -> ResourceError | None:

@@ -15,7 +15,7 @@ import pytest
 
 from lengthgen.config import schema as config
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
 
@@ -51,7 +51,7 @@ def expected(task: str) -> dict:
 
 
 def load(task: str):
-    return presets.load(PAPER / f"{task}.toml")
+    return assembly.load(PAPER / f"{task}.toml")
 
 
 def test_the_docs_have_a_table_for_every_paper_preset_and_a_list_of_the_rest():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import PAD, task_of
 from preset_tables import doc_section, doc_tables, drift, expected, undocumented
@@ -56,7 +56,7 @@ def test_the_preset_holds_every_documented_value_and_documents_every_key(preset)
 def test_the_mini_block_is_the_notebooks(preset):
     """From the notebook: per layer, biases on the output projection (256), the SwiGLU's linear and
     gate units (2 x 512) and output (256), and TRA's gate (4 heads): 4 x 1,540 = 6,160."""
-    cfg = presets.load(ROOT / preset, ["model.position=tra"])
+    cfg = assembly.load(ROOT / preset, ["model.position=tra"])
     torch.manual_seed(0)
     model = get_method(cfg.method).build_model(cfg, task_of(cfg.task))
     biases = {name: p.numel() for name, p in model.named_parameters() if name.endswith("bias")}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lengthgen.cli import main
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.evaluation.language_model import perplexity_at, split_windows
 from lengthgen.results.rows import read_position_loss, read_rows
@@ -126,11 +126,11 @@ def test_missing_python_docs_name_the_package(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_a_tiny_language_model_learns_and_is_evaluated_and_reported(docs, tmp_path):
     folder, texts = docs
-    cfg = presets.load("experiments/lm/cpu/text.toml", lm_overrides(folder))
+    cfg = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(folder))
     runs = tmp_path / "runs"
     for position in ("rope", "tra"):
         for seed in (0, 1):
-            run = presets.load("experiments/lm/cpu/text.toml", lm_overrides(
+            run = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(
                 folder, f"model.position={position}", f"train.model_seed={seed}", f"train.data_seed={seed}"))
             train(run, runs / f"{position}-s{seed}", progress=False)
             (runs / f"{position}-s{seed}" / "series.json").write_text(f'{{"arm": "{position}"}}')
@@ -174,7 +174,7 @@ def test_bpe_tokenizer_is_trained_on_the_training_split_and_saved_in_the_run(doc
     assert task.corpus.decode(bpe.encode(text).ids) == text
     assert task.corpus.tokens("train").max() < 600
     assert len(task.corpus.tokens("train")) < 0.6 * sum(len(t) for n, t in texts.items() if split_of(n) == "train")
-    cfg = presets.load("experiments/lm/cpu/text.toml", lm_overrides(folder, "task.options.tokenizer=bpe",
+    cfg = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(folder, "task.options.tokenizer=bpe",
                                                                       "task.options.vocab_size=600", "train.steps=2"))
     train(cfg, tmp_path / "run", progress=False)
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (task.corpus.ensure() / "tokenizer.json").read_bytes()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
@@ -360,8 +360,8 @@ def test_bad_token_evaluation_settings_are_one_line_errors_naming_the_key(docs):
         (["eval.token_contexts=[8, 600]", "model.position=learned", "model.max_positions=512"], "past model.max_positions"),
     ]:
         with pytest.raises(ConfigError) as err:
-            presets.load("experiments/lm/cpu/text.toml", base + extra)
+            assembly.load("experiments/lm/cpu/text.toml", base + extra)
         assert message in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="not a language-model task"):
-        presets.load("experiments/core/parity-ntp.toml", ["eval.token_contexts=[4]"])
+        assembly.load("experiments/core/parity-ntp.toml", ["eval.token_contexts=[4]"])
     assert Dependence().rank == "attention"

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.reporting.curves import metrics_of, read_tests
@@ -21,7 +21,7 @@ TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_lay
 
 
 def run(folder, *extra: str, method: str = "looped"):
-    cfg = presets.load(None, [f"method={method}", *TINY, *extra])
+    cfg = assembly.load(None, [f"method={method}", *TINY, *extra])
     train(cfg, folder, progress=False)
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
@@ -91,7 +91,7 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
     """Multiplication tested with the short factor fixed at 2 bits, as the released tests: the
     last test equals the evaluator on that task option, not on the training one."""
     folder = tmp_path / "mult"
-    cfg = presets.load(None, ["method=looped", *TINY, "task.name=multiplication", "train.test_interval=60",
+    cfg = assembly.load(None, ["method=looped", *TINY, "task.name=multiplication", "train.test_interval=60",
                               "train.test_lengths=5", "train.test_samples=256", "train.test_options={min_a_bits = 2}"])
     train(cfg, folder, progress=False)
     last = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
@@ -114,7 +114,7 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
 ])
 def test_bad_test_settings_are_refused_in_one_line(extra, needle):
     with pytest.raises(ConfigError) as err:
-        presets.load(None, ["method=looped", *TINY, *extra])
+        assembly.load(None, ["method=looped", *TINY, *extra])
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from lengthgen.methods.looped import halting
 
-from lengthgen.config import presets
+from lengthgen import assembly
 
 from lengthgen.methods.looped import stop_passes
 
@@ -24,7 +24,7 @@ from test_stop_rules import Scripted, scripted_case
 
 def build(method, weight=1.0, seed=0):
     torch.manual_seed(seed)
-    cfg = presets.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
+    cfg = assembly.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
                               f"method={method}", f"train.halt_loss_weight={weight}"])
     return get_method(method, cfg), get_method(method, cfg).build_model(cfg, get_task("copy"))
 
@@ -197,7 +197,7 @@ def test_halt_needs_a_halting_head(tmp_path):
 def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
     from lengthgen.evaluation.evaluate import evaluate_run
     from lengthgen.training.trainer import train
-    cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_max=3", "model.n_layer=1",
+    cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_max=3", "model.n_layer=1",
                               "model.d_model=16", "model.n_head=2", "train.steps=2", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     with pytest.raises(UserError, match="halting head"):
@@ -279,7 +279,7 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     from lengthgen.training.trainer import train
     weights = {}
     for name in ("looped", "looped-halt-probe"):
-        cfg = presets.load(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
+        cfg = assembly.load(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
                                   "model.d_model=32", "model.n_head=2", "train.steps=12", "train.grad_clip=0.05",
                                   "train.curriculum_start=2", "train.curriculum_interval=3", "train.device=cpu",
                                   "train.length_sampling=per_sample", "train.checkpoint_interval=12"])
@@ -296,7 +296,7 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
 def test_probe_is_fitted_in_the_ema_weights_too(tmp_path):
     from safetensors.torch import load_file
     from lengthgen.training.trainer import train
-    cfg = presets.load(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
+    cfg = assembly.load(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
                               "model.d_model=16", "model.n_head=2", "train.steps=2", "train.ema=0.9", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     for name in ("model", "ema"):

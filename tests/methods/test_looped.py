@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from lengthgen.methods import registry as methods
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
 from lengthgen.methods.registry import METHODS, get_method, pause_batch, steps_at
 from lengthgen.model.attention import Packed
@@ -18,7 +18,7 @@ MIXED = torch.tensor([1, 5, 3, 8, 2, 5, 1])  # mixed lengths, repeats and ties i
 
 def tiny(injection=True, seed=0, **model):
     torch.manual_seed(seed)
-    cfg = presets.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
+    cfg = assembly.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
                       + [f"model.{k}={v}" for k, v in model.items()])
     return LoopedTransformer(cfg.model, get_task("copy").vocab_size, injection=injection)
 
@@ -133,7 +133,7 @@ def test_each_sample_read_at_its_own_step():
 def test_methods_registered_and_predict_shape():
     for name in ("looped", "looped-wo-injection", "ntp-loop", "ntp-pause", "ntp"):
         assert name in METHODS
-    cfg = presets.load(None, ["method=looped", "model.n_layer=1", "model.d_model=32"])
+    cfg = assembly.load(None, ["method=looped", "model.n_layer=1", "model.d_model=32"])
     task = get_task("copy")
     batch = mixed_batch()
     for name, injection in (("looped", True), ("looped-wo-injection", False)):
@@ -173,7 +173,7 @@ def test_pause_batch_matches_slow_reference(task):
 
 
 def test_pause_logits_map_back_to_the_original_layout():
-    cfg = presets.load(None, ["method=ntp-pause", "model.n_layer=1", "model.d_model=32"])
+    cfg = assembly.load(None, ["method=ntp-pause", "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("copy"), get_method("ntp-pause")
     model, batch = method.build_model(cfg, task).eval(), mixed_batch()
     paused = pause_batch(batch)
@@ -186,7 +186,7 @@ def test_pause_logits_map_back_to_the_original_layout():
 
 
 def test_ntp_loop_runs_its_block_t_train_max_times():
-    cfg = presets.load(None, ["method=ntp-loop", "task.name=multiplication", "task.train_max=5",
+    cfg = assembly.load(None, ["method=ntp-loop", "task.name=multiplication", "task.train_max=5",
                              "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("multiplication"), get_method("ntp-loop")
     model = method.build_model(cfg, task).eval()
@@ -197,7 +197,7 @@ def test_ntp_loop_runs_its_block_t_train_max_times():
 
 @pytest.mark.parametrize("name", ["ntp-loop", "ntp-pause", "looped-wo-injection"])
 def test_baselines_loss_drops(name):
-    cfg = presets.load(None, [f"method={name}", "task.name=copy", "task.train_max=4",
+    cfg = assembly.load(None, [f"method={name}", "task.name=copy", "task.train_max=4",
                              "model.n_layer=1", "model.d_model=32", "model.n_head=2"])
     task, method = get_task("copy"), get_method(name)
     torch.manual_seed(0)

@@ -4,14 +4,14 @@ long runs out)."""
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 
 
 def train_tiny_parity(folder, method, steps, warmup):
     """(task, method, model) of a tiny Parity run on lengths up to 6, trained into `folder`."""
     from lengthgen.evaluation.evaluate import load_run
     from lengthgen.training.trainer import train
-    cfg = presets.load(None, [
+    cfg = assembly.load(None, [
         f"method={method}", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
         "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "train.lr=1e-3",
         "train.batch_size=32", f"train.warmup_steps={warmup}", "train.curriculum_start=2",
@@ -56,7 +56,7 @@ def probe_run(tmp_path_factory):
     from lengthgen.evaluation.evaluate import load_run
     from lengthgen.training.trainer import train
     folder = tmp_path_factory.mktemp("probe") / "run"
-    train(presets.load(None, [
+    train(assembly.load(None, [
         "method=looped-halt-probe", "task.name=parity", "task.train_max=8", "model.n_layer=1", "model.d_model=64",
         "model.n_head=4", "train.steps=1500", "train.lr=1e-3", "train.batch_size=32", "train.warmup_steps=50",
         "train.curriculum_start=2", "train.curriculum_interval=40", "train.log_interval=500",

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.config.schema import ConfigError
 from lengthgen.evaluation.evaluate import evaluate_run, load_run
 from lengthgen.methods.registry import get_method, predicted_id
@@ -23,14 +23,14 @@ PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", 
 
 
 def model_and_batch(weight: float = 1.0):
-    cfg = presets.load(None, PPC + [f"train.id_loss_weight={weight}"])
+    cfg = assembly.load(None, PPC + [f"train.id_loss_weight={weight}"])
     task = get_task("decimal_addition", coupled=True)
     torch.manual_seed(0)
     return get_method("ppc").build_model(cfg, task).eval(), task.sample(8, 3, torch.Generator().manual_seed(0))
 
 
 def test_the_loss_adds_the_id_cross_entropy_times_its_weight():
-    method = get_method("ppc", presets.load(None, PPC + ["train.id_loss_weight=0.5"]))
+    method = get_method("ppc", assembly.load(None, PPC + ["train.id_loss_weight=0.5"]))
     model, batch = model_and_batch(0.5)
     h = method.hidden(model, batch)
     tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
@@ -67,7 +67,7 @@ def test_generated_tokens_take_the_predicted_ids():
 ])
 def test_what_ppc_needs_of_a_config(overrides, message):
     with pytest.raises(ConfigError) as err:
-        presets.load(None, PPC + overrides)
+        assembly.load(None, PPC + overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -76,7 +76,7 @@ def test_a_tiny_run_learns_the_next_ids(tmp_path):
     """The IDs of the next digit follow a rule; 400 steps must learn them on held-out
     samples at a trained length (chance: 1 in 16; 1.000 on four seeds tried)."""
     folder = tmp_path / "run"
-    train(presets.load(None, PPC + ["train.steps=400", "train.id_loss_weight=5.0"]), folder, progress=False)
+    train(assembly.load(None, PPC + ["train.steps=400", "train.id_loss_weight=5.0"]), folder, progress=False)
     model = load_run(folder)[3]
     batch = get_task("decimal_addition", coupled=True).sample(64, 4, torch.Generator().manual_seed(99))
     with torch.no_grad():

@@ -12,7 +12,7 @@ import torch
 
 from lengthgen.model import compiling
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import task_of
@@ -34,7 +34,7 @@ PATHS = {
 
 def run(folder, *sets: str) -> tuple[list[dict], list[dict]]:
     """(metrics rows, eval rows) of a trained and evaluated tiny run."""
-    train(presets.load(None, TINY + list(sets)), folder, progress=False)
+    train(assembly.load(None, TINY + list(sets)), folder, progress=False)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return rows, evaluate_run(folder, [2, 4], 32, progress=False)
 
@@ -56,7 +56,7 @@ def test_compiled_blocks_train_and_evaluate_as_eager_ones(tmp_path, path):
 def test_compiled_blocks_leave_packing_and_the_kv_cache_eager():
     """Packed's runs and the KV cache's growing length would be a new graph per batch layout or
     decoded token: compile_blocks marks them eager (not at import: that loads torch._dynamo)."""
-    cfg = presets.load(None, TINY + PATHS["looped"])
+    cfg = assembly.load(None, TINY + PATHS["looped"])
     assert compiling.compile_blocks(get_method(cfg.method).build_model(cfg, task_of(cfg.task)), torch.device("cpu"))
     eager = {(cls.__name__, name): getattr(cls.__dict__[name], "_torchdynamo_disable", False)
              for cls, names in compiling.EAGER_IN_COMPILED_BLOCKS.items() for name in names}
@@ -68,7 +68,7 @@ def test_the_compile_cache_goes_to_lengthgens_cache_folder_not_tmp(monkeypatch, 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
-    cfg = presets.load(None, TINY)
+    cfg = assembly.load(None, TINY)
     assert compiling.compile_blocks(get_method(cfg.method).build_model(cfg, task_of(cfg.task)), torch.device("cpu"))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
 

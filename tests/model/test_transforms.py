@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError
 from lengthgen.model.position_transforms import PoSE, RandomOffset, Randomized, base_ids, build_transform
 from lengthgen.tasks import get_task
@@ -102,11 +102,11 @@ def test_training_with_a_transform_fills_the_table_it_was_sized_for(tmp_path, tr
             "model.position=learned", f"train.position_transform={transform}",
             f"train.position_transform_options={options}", "train.steps=6", "train.batch_size=16",
             "train.device=cpu", "train.log_interval=3"]
-    cfg = presets.load(None, sets + [f"model.max_positions={largest + 1}"])
-    assert presets.largest_position_id(cfg) == largest  # random_offset's max_position is an ID; the others' a count
+    cfg = assembly.load(None, sets + [f"model.max_positions={largest + 1}"])
+    assert assembly.largest_position_id(assembly.assembled(cfg)) == largest  # random_offset's max_position is an ID; the others' a count
     train(cfg, tmp_path / "run", progress=False)  # training draws IDs up to `largest`: the table holds them
     with pytest.raises(ConfigError, match=f"model.max_positions \\({largest}\\) is too small"):
-        presets.load(None, sets + [f"model.max_positions={largest}"])
+        assembly.load(None, sets + [f"model.max_positions={largest}"])
 
 
 # -- what evaluation reads (Ruoss et al. evaluate with random IDs; Cho et al. and PoSE without) --
@@ -151,7 +151,7 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     from lengthgen.evaluation.evaluate import accuracy_at, load_run
     from lengthgen.results.rows import read_rows
 
-    cfg = presets.load("experiments/tra/cpu/copy_symbols.toml", [
+    cfg = assembly.load("experiments/tra/cpu/copy_symbols.toml", [
         "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "train.position_transform=randomized",
         "train.position_transform_options.max_position=256", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
@@ -170,9 +170,9 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
 
 def test_position_draws_need_a_transform_that_draws_at_evaluation():
     with pytest.raises(ConfigError, match="position_draws"):
-        presets.load(None, ["eval.position_draws=3"])
+        assembly.load(None, ["eval.position_draws=3"])
     with pytest.raises(ConfigError, match="position_draws"):
-        presets.load(None, ["eval.position_draws=0", "train.position_transform=randomized",
+        assembly.load(None, ["eval.position_draws=0", "train.position_transform=randomized",
                             "train.position_transform_options.max_position=64", "model.position=sinusoidal"])
-    presets.load(None, ["eval.position_draws=3", "train.position_transform=randomized",
+    assembly.load(None, ["eval.position_draws=3", "train.position_transform=randomized",
                         "train.position_transform_options.max_position=64", "model.position=sinusoidal"])

@@ -11,7 +11,7 @@ import matplotlib.figure
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.config.schema import to_toml
 from lengthgen.results.rows import COLUMNS, PER_STEP_COLUMNS, write_csv
 from lengthgen.reporting.figures import plot
@@ -142,7 +142,7 @@ def test_the_read_out_iteration_has_its_own_summary_for_series_with_a_stop_rule(
     runs = [write_run(tmp_path / f"halt-s{seed}", lengths=(2, 4, 6, 8), method="looped-halt", stop="halt", seed=seed,
                       stop_step=float(n)) for seed, n in ((0, 5), (1, 7))]
     for seed, folder in enumerate(runs):  # seeds of one config: a report averages only configs it can read
-        cfg = presets.load(None, ["task.name=parity", "method=looped-halt", f"train.model_seed={seed}"])
+        cfg = assembly.load(None, ["task.name=parity", "method=looped-halt", f"train.model_seed={seed}"])
         (folder / "config.toml").write_text(to_toml(cfg))
     text = write_report([ntp, *runs], tmp_path / "out").read_text()
     steps = text[text.index("Mean read-out iteration"):text.index("## Per task")]

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.config.presets import GIVEN_IDS_TABLE_STD, load, load_saved, reads_given_ids
-from lengthgen.config.schema import from_data, read, to_toml
+from lengthgen.assembly import GIVEN_IDS_TABLE_STD, load, load_saved, reads_given_ids
+from lengthgen.config.schema import read, to_toml
 from lengthgen.errors import UserError
-from lengthgen.model.positions import SCHEMES
 from lengthgen.reporting.series import aggregate, collect
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.runner import reproduce
@@ -172,8 +171,9 @@ def test_every_learned_table_that_reads_given_ids_starts_at_an_init_that_trains(
             if any(read(grid.preset(scale, task)).task.name == "text" for task in tasks):
                 continue
             for job in grids.plan(grid, scale, tasks, list(grid.resolved(scale)["arms"]), 1, Path("unused"), workers=1):
-                cfg = from_data(job.config)
-                if SCHEMES[cfg.model.position].trains_table and reads_given_ids(cfg):
+                run = job.assembled()
+                cfg = run.cfg
+                if run.scheme.trains_table and reads_given_ids(run):
                     given.add((paper, scale, job.task, job.arm))
                     assert cfg.model.position_options.get("std", 0.02) >= GIVEN_IDS_TABLE_STD, (paper, scale, job.task, job.arm)
     for scale in ("cpu", "paper"):  # the walk reached the arms it guards
@@ -235,20 +235,20 @@ def test_a_grid_error_names_its_file(tmp_path):
 def test_a_plan_validates_each_config_once_and_its_jobs_carry_them(tmp_path, monkeypatch):
     """One validation per task, arm and axis values (not per seed, nor again in the workers); each
     job's config is what loading its preset with its overrides gives."""
-    from lengthgen.config import presets
+    from lengthgen import assembly
     from lengthgen.config.schema import to_dict
 
     paper = toy(tmp_path / "toy")
     grid = grids.find(str(paper))
     calls = []
-    validate = presets.validate
-    monkeypatch.setattr(presets, "validate", lambda cfg: calls.append(1) or validate(cfg))
+    checked = assembly.checked
+    monkeypatch.setattr(assembly, "checked", lambda cfg: calls.append(1) or checked(cfg))
     jobs = grids.plan(grid, "cpu", ["multiplication"], ["plain", "rope"], 2, tmp_path / "out", 1)
     declared = len(grid.arms_of("cpu", "multiplication")) * 2  # every declared arm (wide too) x 2 axis values
     assert len(jobs) == 2 * 2 * 2 and len(calls) == declared
-    monkeypatch.setattr(presets, "validate", validate)
+    monkeypatch.setattr(assembly, "checked", checked)
     for job in jobs:
-        assert job.config == to_dict(presets.load(job.preset, job.overrides))
+        assert job.config == to_dict(assembly.load(job.preset, job.overrides))
 
 
 def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):

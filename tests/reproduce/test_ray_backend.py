@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.config.presets import load
+from lengthgen.assembly import load
 from lengthgen.errors import RunsFailed
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce import runner as rp

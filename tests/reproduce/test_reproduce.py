@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.config.presets import load
+from lengthgen.assembly import load
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import ConfigError, RunsFailed, UserError
 from lengthgen.results.rows import read_rows

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from lengthgen.config import presets
+from lengthgen import assembly
 
 from documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
 
@@ -184,7 +184,7 @@ def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_th
             pytest.skip("no python-docs corpus")
         raise
     assert len(jobs) == 12
-    configs = {(j.arm, j.seed): presets.load(j.preset, j.overrides) for j in jobs}
+    configs = {(j.arm, j.seed): assembly.load(j.preset, j.overrides) for j in jobs}
     short = configs[("rope_pose", 0)]
     long = configs[("long", 0)]
     L = short.task.train_max
@@ -221,7 +221,7 @@ def test_the_paper_presets_load_on_local_copies_with_the_seeds_optimiser(tmp_pat
             for _ in range(30):
                 f.write(json.dumps({"text": " ".join(rng.choice(words, 40))}) + "\n")
     for name, path in (("text", tmp_path / "wikitext"), ("c4", tmp_path / "c4")):
-        cfg = presets.load(f"experiments/sparsity-lm/paper/{name}.toml",
+        cfg = assembly.load(f"experiments/sparsity-lm/paper/{name}.toml",
                            [f"task.options.path={path}", "task.options.vocab_size=600"])
         tr = cfg.train
         assert (tr.lr, tr.weight_decay, tr.schedule, tr.warmup_steps) == (5e-5, 0.1, "linear", 300)

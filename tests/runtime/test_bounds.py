@@ -224,8 +224,8 @@ def test_attention_is_counted_where_it_is_held():
     from lengthgen.runtime.resources import attention_held, training_terms
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    from lengthgen.config import presets
+    from lengthgen import assembly
 
-    rope, alibi = presets.load(None, ["model.position=rope"]), presets.load(None, ["model.position=alibi"])
+    rope, alibi = assembly.load(None, ["model.position=rope"]), assembly.load(None, ["model.position=alibi"])
     assert attention_held(rope, cpu) and attention_held(alibi, cuda) and not attention_held(rope, cuda)
     assert training_terms(rope, 10, 1000, cuda)["attention"][0] == 0 < training_terms(rope, 10, 1000, cpu)["attention"][0]

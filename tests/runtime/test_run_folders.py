@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from lengthgen.evaluation import evaluate
 
-from lengthgen.config import presets
+from lengthgen import assembly
 
 from lengthgen.cli import main
 from lengthgen.config.schema import to_toml
@@ -86,7 +86,7 @@ ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "n": 6
 
 def write_run(folder, seed, accuracy, *sets: str):
     folder.mkdir(parents=True)
-    cfg = presets.load(None, ["task.name=parity", "task.train_max=4", f"train.model_seed={seed}",
+    cfg = assembly.load(None, ["task.name=parity", "task.train_max=4", f"train.model_seed={seed}",
                               f"train.data_seed={seed}", *sets])
     (folder / "config.toml").write_text(to_toml(cfg))
     write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "seed": seed, "length": n, "accuracy": accuracy}

@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError
 from lengthgen.model.position_transforms import build_transform
 from lengthgen.tasks import EOS, IGNORE, get_task
@@ -159,13 +159,13 @@ def test_multiplication_is_numbered_as_the_mirror_image_of_cho_et_al():
 ])
 def test_bad_task_options_are_one_line_errors(override, words):
     with pytest.raises(ConfigError) as err:
-        presets.load(None, ["task.name=decimal_addition", override])
+        assembly.load(None, ["task.name=decimal_addition", override])
     assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
 
 
 def test_the_independent_law_refuses_one_length_per_batch():
     with pytest.raises(ConfigError, match="train.length_sampling"):
-        presets.load(None, ["task.name=decimal_addition", "task.options.operands=independent",
+        assembly.load(None, ["task.name=decimal_addition", "task.options.operands=independent",
                             "train.length_sampling=per_batch"])
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.tasks import IGNORE, PAD, get_task, measure
@@ -67,11 +67,11 @@ def test_exact_match_counts_the_pads():
 ])
 def test_trailing_pad_is_refused_where_it_cannot_apply(sets, message):
     with pytest.raises(ConfigError, match=message):
-        presets.load(None, ["task.trailing_pad=2", *sets] if "task.trailing_pad=-1" not in sets else sets)
+        assembly.load(None, ["task.trailing_pad=2", *sets] if "task.trailing_pad=-1" not in sets else sets)
 
 
 def test_a_looped_run_with_trailing_pads_trains_and_is_evaluated(tmp_path):
-    cfg = presets.load(None, ["method=looped", "task.name=parity", "task.train_max=4", "task.trailing_pad=3",
+    cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_max=4", "task.trailing_pad=3",
                               "model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.steps=3",
                               "train.batch_size=8", "train.checkpoint_interval=3", "eval.lengths=2,6",
                               "eval.samples=16"])

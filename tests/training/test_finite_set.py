@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from lengthgen.runtime import checkpoint
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError
 from lengthgen.tasks import get_task
 from lengthgen.training.finite_set import FiniteSet, training_set
@@ -58,7 +58,7 @@ def test_the_set_follows_the_tasks_law():
 
 
 def tiny(*extra):
-    return presets.load(None, ["task.name=decimal_addition", "task.train_max=4", "task.options.coupled=true",
+    return assembly.load(None, ["task.name=decimal_addition", "task.train_max=4", "task.options.coupled=true",
                                "model.position=learned", "model.max_positions=16", "model.d_model=16",
                                "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "train.dataset_size=20",
                                "train.position_transform=random_offset",

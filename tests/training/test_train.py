@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen.config import presets
+from lengthgen import assembly
 from lengthgen.errors import ConfigError, TrainingDiverged, UserError
 from lengthgen.evaluation.evaluate import accuracy_at, load_run
 from lengthgen.methods.registry import NextTokenPrediction
@@ -26,13 +26,13 @@ TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy
 
 
 def tiny(*extra: str):
-    return presets.load(None, TINY + list(extra))
+    return assembly.load(None, TINY + list(extra))
 
 
 @pytest.mark.slow
 def test_tiny_run_learns_copy(tmp_path):
     """A small RoPE decoder must copy perfectly at its training lengths."""
-    cfg = presets.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
+    cfg = assembly.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
                              "model.position=rope", "train.steps=600", "train.lr=0.002", "train.warmup_steps=50",
                              "train.log_interval=100", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
@@ -229,10 +229,10 @@ def test_a_hook_runs_when_due_on_the_tested_weights_and_its_values_join_the_log(
     folder = tmp_path / "run"
     folder.mkdir()
     device = pick_device("cpu")
-    task, method = get_task("copy"), NextTokenPrediction()
-    state = RunState.start(cfg, method, task, device)
+    run = assembly.assembled(cfg)
+    state = RunState.start(cfg, run.method, run.task, device)
     hook = EveryThird()
-    Trainer(cfg, folder, task, method, state, Ranks(), device, [hook]).run(progress=False)
+    Trainer(run, folder, state, Ranks(), device, [hook]).run(progress=False)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [3, 6, 7]  # logged when the hook was due, and at the end
     assert [("hook@sum" in r) for r in rows] == [True, True, False]

@@ -1,0 +1,270 @@
+"""Getting a run ready: a config read (a preset with its --set overrides, or a saved run's),
+checked once, and its parts built once: the task, the method, the positional scheme and the
+position transform. Training, evaluation, a reproduction, the memory check and the benchmarks
+receive the assembled `Run` and build none of them again.
+
+lengthgen.config checks each section's own values (plain data); the checks here need the
+registries (a name, an options table, whether the parts suit each other), so this stage sits above
+lengthgen.methods and lengthgen.model. Every message is one line naming the key; the CLI turns it
+into exit code 2 before anything is written.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from lengthgen.config.checks import built, check, check_choice, check_options, rule, validate
+from lengthgen.config.schema import Config, from_data, parse_lengths, read
+from lengthgen.errors import ConfigError
+from lengthgen.methods.looped.stop_rules import parse_rule
+from lengthgen.methods.registry import METHODS, Method, get_method
+from lengthgen.model.position_transforms import TRANSFORMS, PositionTransform, base_ids, build_transform, real_columns
+from lengthgen.model.positions import SCHEMES
+from lengthgen.model.transformer import INITS, MLPS, NORMS, RESIDUALS  # the registries the block is built from
+from lengthgen.tasks import TASKS, Task, TrailingPad, get_task, task_of
+
+
+@dataclass
+class Run:
+    """A config with its parts built: what every command that trains, evaluates or sizes a run reads."""
+    cfg: Config
+    task: Task
+    method: Method
+    scheme: type  # the positional scheme's class (the model builds its instance)
+    transform: PositionTransform
+
+
+def assemble(preset: str | Path | None = None, overrides: list[str] = ()) -> Run:
+    """A new run: defaults <- preset TOML <- --set overrides, checked, with the defaults that follow
+    from its parts (given_ids_table_init)."""
+    return given_ids_table_init(checked(read(preset, overrides)))
+
+
+def assemble_saved(source: str | Path | dict, holder: Path | None = None) -> Run:
+    """A saved run (its config.toml, or a dict such as a checkpoint's config), checked, as the run
+    was trained: no default is added. `holder`: the file the dict was read from (a checkpoint's
+    state.json), named in the message of a bad config."""
+    try:
+        return checked(from_data(source) if isinstance(source, dict) else read(source))
+    except ConfigError as err:
+        if holder is None:
+            raise
+        raise ConfigError(f"checkpoint {holder} holds a bad config: {err}") from None
+
+
+def assembled(cfg: Config) -> Run:
+    """The parts of a config checked before (a reproduction's job carries the config its plan
+    checked), built without checking it again."""
+    tr = cfg.train
+    return Run(cfg, task_of(cfg.task), get_method(cfg.method, cfg), SCHEMES[cfg.model.position],
+               build_transform(tr.position_transform, tr.position_transform_options))
+
+
+def checked(cfg: Config) -> Run:
+    """`cfg` checked section by section, then against the registries, each part built once."""
+    validate(cfg)
+    check_names(cfg)
+    task = checked_task(cfg)
+    method = get_method(cfg.method, cfg)
+    check_stops(cfg, method)
+    scheme = checked_scheme(cfg)
+    check_sweep(cfg, task)
+    check_token_reading(cfg, method, scheme)
+    transform = checked_transform(cfg, task, method, scheme)
+    run = Run(cfg, task, method, scheme, transform)
+    check_position_range(run)
+    return run
+
+
+def check_names(cfg: Config) -> None:
+    """Each name a registry must know."""
+    m = cfg.model
+    check_choice("method", cfg.method, METHODS)
+    check_choice("task.name", cfg.task.name, TASKS)
+    check_choice("model.position", m.position, SCHEMES)
+    for key, choices in (("init", INITS), ("norm", NORMS), ("mlp", MLPS), ("residual", RESIDUALS)):
+        check_choice(f"model.{key}", getattr(m, key), choices)
+    check_choice("train.position_transform", cfg.train.position_transform, TRANSFORMS)
+
+
+def checked_task(cfg: Config) -> Task:
+    """The run's task, built once, with its options, its pads and the lengths it is asked for checked."""
+    t, tr = cfg.task, cfg.train
+    check_options("task.options", t.options, TASKS[t.name], t.name)
+    task = built("task.options", lambda: get_task(t.name, **t.options))
+    if tr.test_options:  # the tested samples' task: the run's, these options replacing its own
+        check_options("train.test_options", tr.test_options, TASKS[t.name], t.name)
+        built("train.test_options", lambda: task_of(t, **tr.test_options))
+    if t.trailing_pad or t.pad_to_row:  # refused for tasks scored inside the sequence and for coupled position IDs
+        import torch
+
+        key = "task.trailing_pad" if t.trailing_pad else "task.pad_to_row"
+        task = built(key, lambda: TrailingPad(task, t.trailing_pad, t.pad_to_row))
+        built(key, lambda: task.sample(2, t.train_min, torch.Generator()))
+    check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
+    check(not (task.draws_own_lengths and tr.length_sampling == "per_batch"),
+          f"task.options of {t.name} draw each sample's lengths by the task's own law; train.length_sampling "
+          "per_batch would bypass it (set train.length_sampling=per_sample)")
+    shortest = min(parse_lengths(cfg.eval.lengths))
+    check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
+    shortest = min(parse_lengths(tr.test_lengths)) if tr.test_lengths else task.min_length
+    check(shortest >= task.min_length, f"train.test_lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
+    return task
+
+
+def check_stops(cfg: Config, method: Method) -> None:
+    """train.test_stops: rules the method can apply (a method without stop rules ignores them: a
+    grid's ntp arm on a looped preset)."""
+    for stop in cfg.train.test_stops:
+        try:
+            stop_rule = parse_rule(str(stop))
+            if method.has_stop_rules:
+                stop_rule.check(method)
+        except ValueError as err:
+            raise ConfigError(f"train.test_stops: {err}") from None
+
+
+def checked_scheme(cfg: Config) -> type:
+    """The positional scheme's class, its settings and option values checked (it checks its own)."""
+    m = cfg.model
+    scheme = SCHEMES[m.position]
+    rule(lambda: scheme.check(m))
+    check_options("model.position_options", m.position_options, scheme, m.position, skip=("cfg",))
+    if m.position_options:  # a scheme checks its own option values when built
+        built("model.position_options", lambda: scheme(m, **m.position_options))
+    return scheme
+
+
+def check_sweep(cfg: Config, task: Task) -> None:
+    """eval.sweep: task options, each with a non-empty list of values the task accepts
+    without changing its vocabulary."""
+    t, sweep = cfg.task, cfg.eval.sweep
+    check_options("eval.sweep", sweep, TASKS[t.name], t.name)
+    for key, values in sweep.items():
+        check(isinstance(values, list) and values and len(set(map(repr, values))) == len(values),
+              f"eval.sweep.{key} must be a non-empty list of distinct values, got {values!r}")
+    shortest = min(parse_lengths(cfg.eval.lengths))
+    for combo in itertools.product(*sweep.values()) if sweep else ():  # no sweep: the run's own task, checked
+        options = {**t.options, **dict(zip(sweep, combo))}
+        where = f"eval.sweep ({', '.join(f'{k}={v!r}' for k, v in zip(sweep, combo))})"
+        swept = built(where, lambda: get_task(t.name, **options))
+        check(swept.vocab == task.vocab, f"{where} changes the task's vocabulary, which the trained model cannot read")
+        check(shortest >= swept.min_length,
+              f"eval.lengths includes {shortest}; {t.name} with {where[12:-1]} needs lengths >= {swept.min_length}")
+
+
+def check_token_reading(cfg: Config, method: Method, scheme: type) -> None:
+    """eval.token_contexts: read by a method that takes position IDs and has no stop rules, within
+    a position table."""
+    contexts, m = cfg.eval.token_contexts, cfg.model
+    if contexts:
+        check(method.accepts_position_ids and not method.has_stop_rules,
+              f"eval.token_contexts needs a next-token method that reads position IDs, not {cfg.method}")
+        check(not scheme.has_table or max(contexts) <= m.max_positions,
+              f"eval.token_contexts reaches {max(contexts)} tokens, past model.max_positions ({m.max_positions})")
+
+
+def checked_transform(cfg: Config, task: Task, method: Method, scheme: type) -> PositionTransform:
+    """The position transform, built once, after the task's and the method's own rules about it."""
+    tr, draws = cfg.train, cfg.eval.position_draws
+    name = tr.position_transform
+    transform = TRANSFORMS[name]
+    rule(lambda: task.check(cfg, transform))  # each variant's own rules
+    rule(lambda: method.check(cfg, task, transform, scheme))
+    check_options("train.position_transform_options", tr.position_transform_options, transform, name)
+    built_transform = built("train.position_transform_options", lambda: build_transform(name, tr.position_transform_options))
+    check(draws == 1 or transform.random_at_evaluation,
+          f"eval.position_draws = {draws} needs a position transform that draws IDs at evaluation "
+          f"(randomized); train.position_transform {name!r} evaluates on the task's own IDs")
+    return built_transform
+
+
+def check_position_range(run: Run) -> None:
+    """A table (or ppc's ID head) of max_positions rows holds every ID training makes: an overrun
+    would fail at step 1, after the run folder is made."""
+    m, name = run.cfg.model, run.cfg.train.position_transform
+    sized = run.scheme.has_table or run.method.needs_target_ids
+    if not (sized or run.transform.changes_ids):
+        return
+    largest = largest_position_id(run)
+    if not run.transform.changes_ids:
+        check(largest < m.max_positions,
+              f"model.max_positions ({m.max_positions}) is shorter than the longest training sequence "
+              f"({largest + 1} tokens at task.train_max {run.cfg.task.train_max}); set it to at least {largest + 1}")
+    elif sized:
+        check(largest < m.max_positions,
+              f"model.max_positions ({m.max_positions}) is too small for train.position_transform {name}, which "
+              f"trains position IDs up to {largest}; set it to at least {largest + 1}")
+
+
+def training_positions(run: Run) -> tuple[int, int]:
+    """(tokens in the widest training sequence, its largest position ID before any transform),
+    measured on a fixed sample at task.train_max, as the method lays it out (the pause
+    tokens of ntp-pause); widths differ between samples of some tasks."""
+    import torch
+
+    cfg = run.cfg
+    samples = max(1, min(256, 1_000_000 // cfg.task.train_max))  # bounded memory at huge lengths
+    batch = run.task.sample(samples, cfg.task.train_max, torch.Generator().manual_seed(0))
+    batch = built(f"method {cfg.method}", lambda: run.method.model_batch(batch))
+    largest = int(base_ids(batch).masked_fill(~real_columns(batch), 0).max())
+    if batch.target_ids is not None:  # the last answer token's ID is a target (ppc), never an input
+        largest = max(largest, int(batch.target_ids.max()))
+    return batch.inputs.shape[1], largest
+
+
+def longest_sequence(run: Run) -> int:
+    """Tokens in the widest training sequence at task.train_max."""
+    return training_positions(run)[0]
+
+
+def largest_position_id(run: Run) -> int:
+    """The largest position ID training can produce: the task's (or 0..L-1's) at
+    task.train_max, as the position transform maps it. ConfigError if it does not fit the
+    transform's range."""
+    _, base = training_positions(run)
+    return built("train.position_transform_options", lambda: run.transform.largest_id(base))
+
+
+# A learned table that reads coupled or predicted IDs starts at T5's N(0, 1), as Cho et al.'s does,
+# unless model.position_options.std is set: at GPT-2's N(0, 0.02) its rows are 50x smaller than the
+# token embeddings they are added to, and coupled addition does not train at CPU scale
+# (docs/positions.md, "Which init each learned table uses").
+GIVEN_IDS_TABLE_STD = 1.0
+
+
+def reads_given_ids(run: Run) -> bool:
+    """Whether the model reads position IDs that are not 0..L-1: the task's own (coupled, abacus)
+    or the ones the method predicts (ppc)."""
+    import torch
+
+    if run.method.needs_target_ids:
+        return True
+    batch = run.task.sample(2, run.cfg.task.train_min, torch.Generator().manual_seed(0))
+    return batch.position_ids is not None
+
+
+def given_ids_table_init(run: Run) -> Run:
+    """A new run with GIVEN_IDS_TABLE_STD where its learned table reads coupled or predicted IDs
+    and no std is set. Applied to presets, never to a saved run's config (assemble_saved): a run
+    keeps the init it was trained with."""
+    m = run.cfg.model
+    if run.scheme.trains_table and "std" not in m.position_options and reads_given_ids(run):
+        m.position_options = {**m.position_options, "std": GIVEN_IDS_TABLE_STD}
+    return run
+
+
+def load(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """The config of `assemble(preset, overrides)`, for callers that read only the config."""
+    return assemble(preset, overrides).cfg
+
+
+def load_saved(path: str | Path) -> Config:
+    """The config of `assemble_saved(path)`."""
+    return assemble_saved(path).cfg
+
+
+def from_dict(data: dict) -> Config:
+    """The config of `assemble_saved(data)` (a checkpoint's state)."""
+    return assemble_saved(data).cfg
