@@ -10,12 +10,11 @@ into exit code 2 before anything is written.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.config.checks import built, check, check_choice, check_options, rule, validate
-from lengthgen.config.schema import Config, from_data, parse_lengths, read
+from lengthgen.config.schema import Config, from_data, option_combinations, parse_lengths, read
 from lengthgen.errors import ConfigError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, Method, get_method
@@ -145,9 +144,9 @@ def check_sweep(cfg: Config, task: Task) -> None:
         check(isinstance(values, list) and values and len(set(map(repr, values))) == len(values),
               f"eval.sweep.{key} must be a non-empty list of distinct values, got {values!r}")
     shortest = min(parse_lengths(cfg.eval.lengths))
-    for combo in itertools.product(*sweep.values()) if sweep else ():  # no sweep: the run's own task, checked
-        options = {**t.options, **dict(zip(sweep, combo))}
-        where = f"eval.sweep ({', '.join(f'{k}={v!r}' for k, v in zip(sweep, combo))})"
+    for combo in option_combinations(sweep) if sweep else ():  # no sweep: the run's own task, checked
+        options = {**t.options, **combo}
+        where = f"eval.sweep ({', '.join(f'{k}={v!r}' for k, v in combo.items())})"
         swept = built(where, lambda: get_task(t.name, **options))
         check(swept.vocab == task.vocab, f"{where} changes the task's vocabulary, which the trained model cannot read")
         check(shortest >= swept.min_length,

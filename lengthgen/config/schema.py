@@ -10,6 +10,7 @@ builds) a run.
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import re
 import sys
@@ -313,6 +314,12 @@ def flat(data: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def option_combinations(table: dict) -> list[dict]:
+    """{key: [values]} -> one {key: value} per combination of the values ([{}] for an empty table):
+    a grid's axes, an evaluation's sweep."""
+    return [dict(zip(table, combo)) for combo in itertools.product(*table.values())]
 
 
 def parse_override(text: str) -> dict:

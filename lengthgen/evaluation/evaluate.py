@@ -12,7 +12,6 @@ iterations); the evaluator draws the samples, batches them, loops over lengths a
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import sys
 from collections import defaultdict
@@ -23,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lengthgen.assembly import Run, assemble_saved, check_sweep
-from lengthgen.config.schema import Config
+from lengthgen.config.schema import Config, option_combinations
 from lengthgen.errors import ResourceError, UserError, path_problem
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
@@ -142,11 +141,6 @@ def add_curves(total: dict, part: dict) -> dict:
     between batches (multiplication)."""
     t = min(len(column) for column in (*total.values(), *part.values()))
     return {name: part[name][:t] + total[name][:t] for name in part}
-
-
-def sweep_variants(sweep: dict) -> list[dict]:
-    """eval.sweep {option: [values]} -> one {option: value} per combination ([{}] without one)."""
-    return [dict(zip(sweep, combo)) for combo in itertools.product(*sweep.values())]
 
 
 @dataclass
@@ -290,7 +284,7 @@ def swept_tasks(cfg: Config, task: Task, sweep: dict | None, columns: list[str])
     clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(columns))
     if clash:
         raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
-    return sweep, [(options, task_of(cfg.task, **options) if options else task) for options in sweep_variants(sweep)]
+    return sweep, [(options, task_of(cfg.task, **options) if options else task) for options in option_combinations(sweep)]
 
 
 def eval_precision(cfg: Config, device: torch.device, folder: Path) -> str:

@@ -37,16 +37,16 @@ arm or a method.
 from __future__ import annotations
 
 import copy
-import itertools
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lengthgen.assembly import Run, assemble, assembled
-from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, read, to_dict, toml_value,
-                                     tomllib)
+from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, option_combinations, read,
+                                     to_dict, toml_value, tomllib)
 from lengthgen.errors import UserError
+from lengthgen.results.rows import cell
 from lengthgen.methods.looped.stop_rules import parse_rule
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments"
@@ -151,7 +151,7 @@ class Grid:
             axes = {**grid.get("axes", {}), **spec.get("axes", {})}
             for key, values in axes.items():
                 self.fail_unless(isinstance(values, list) and values, f"axis {key} of {task} must be a non-empty list")
-                bad = [v for v in values if isinstance(v, (dict, list)) or not SAFE.fullmatch(axis_text(v))]
+                bad = [v for v in values if isinstance(v, (dict, list)) or not SAFE.fullmatch(cell(v))]
                 self.fail_unless(not bad, f"axis {key} value {bad[0]!r} cannot name a folder (letters, digits, . _ + -)"
                                  if bad else "")
             shorts = [axis_name(k) for k in axes]
@@ -249,10 +249,6 @@ def axis_name(key: str) -> str:
     return key.rsplit(".", 1)[-1]  # task.options.k_train -> k_train
 
 
-def axis_text(value) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
 def find(paper: str, root: Path | None = None) -> Grid:
     """The grid of `paper`: a folder name under experiments/, or a path to a grid folder or file."""
     root = root or ROOT
@@ -293,11 +289,6 @@ def arm_overrides(grid: Grid, scale: str, task: str, arm: str, axis_values: dict
     return grid.at(scale).overrides(task, arm, axis_values)
 
 
-def combinations(axes: dict) -> list[dict]:
-    """{key: [values]} -> one {key: value} per combination ([{}] without axes)."""
-    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
-
-
 def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) -> tuple[dict, dict]:
     """{(task, arm, axis values): labels}: the config keys whose values differ between the runs
     the report puts in one table, those of every grid entry whose preset names the same registry
@@ -310,7 +301,7 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
     for entry in at.data["tasks"]:
         preset = at.preset(entry)
         for arm in at.arms_of(entry):
-            for values in combinations(at.axes(entry)):
+            for values in option_combinations(at.axes(entry)):
                 try:
                     sets = at.overrides(entry, arm, values) + list(extra)
                     run = assemble(preset, sets)
@@ -345,14 +336,14 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
         for arm in (a for a in arms if a in at.arms_of(task)):
             spec = at.arm(task, arm)
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
-            for values in combinations(at.axes(task)):
+            for values in option_combinations(at.axes(task)):
                 sets, run = loaded[(task, arm, tuple(values.items()))]
                 cfg, method = run.cfg, run.method
                 grid.fail_unless(method.has_stop_rules or not (stops or per_step),
                                  f"arm {arm} lists stop rules or per_step, but its method {method.name} has no stop rules")
                 for stop in stops:
                     parse_stop(grid, arm, stop, method)
-                name = "-".join([task, arm, *(f"{axis_name(k)}={axis_text(v)}" for k, v in values.items())])
+                name = "-".join([task, arm, *(f"{axis_name(k)}={cell(v)}" for k, v in values.items())])
                 for seed in range(seeds):
                     seeded = copy.deepcopy(cfg)
                     seeded.train.model_seed = seeded.train.data_seed = seed

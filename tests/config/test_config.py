@@ -59,7 +59,7 @@ def test_every_run_of_every_grid_loads(paper):
                 continue
             configs = {}
             for arm in g.arms_of(scale, task):
-                for values in grid.combinations(g.axes(scale, task)):
+                for values in config.option_combinations(g.axes(scale, task)):
                     cfg = assembly.load(g.preset(scale, task), grid.arm_overrides(g, scale, task, arm, values))
                     assert cfg.task.name == assembly.load(g.preset(scale, task)).task.name
                     configs[(arm, tuple(values.items()))] = config.to_dict(cfg)
