@@ -62,6 +62,7 @@ def cmd_corpus(args) -> None:
 def cmd_train(args) -> None:
     from lengthgen.assembly import assemble
     from lengthgen.training.distributed import Ranks
+    from lengthgen.evaluation.during_training import training_tests
     from lengthgen.training.trainer import train
 
     main_process = Ranks.from_env().main  # under torchrun, one process speaks for the run
@@ -77,7 +78,8 @@ def cmd_train(args) -> None:
     folder = Path(args.out) if args.out else Path("runs") / f"{Path(args.preset).stem if args.preset else 'run'}-s{cfg.train.model_seed}"
     if main_process:
         print(f"run folder: {folder}")
-    summary = train(run, folder, resume=args.resume, force=args.force, progress=not args.no_progress)
+    summary = train(run, folder, resume=args.resume, force=args.force, progress=not args.no_progress,
+                    hooks=training_tests)
     if main_process:
         print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
 

@@ -29,8 +29,8 @@ LAYERS = [
     ["lengthgen.methods"],
     ["lengthgen.runtime"],
     ["lengthgen.assembly"],  # a run assembled: its config checked against every registry once, its parts built once
+    ["lengthgen.training"],  # its hooks (tests during training) are handed in by its caller
     ["lengthgen.evaluation"],
-    ["lengthgen.training"],
     ["lengthgen.reporting"],
     ["lengthgen.reproduce"],
     ["lengthgen.cli", "lengthgen.__main__"],
@@ -256,6 +256,7 @@ def test_validation_names_no_scheme_or_transform_either():
                                             ("lengthgen.config.checks", "lengthgen.assembly"),
                                             ("lengthgen.runtime.checkpoint", "lengthgen.assembly"),
                                             ("lengthgen.assembly", "lengthgen.evaluation.evaluate"),
+                                            ("lengthgen.training.trainer", "lengthgen.evaluation.during_training"),
                                             ("lengthgen.tasks.copy", "lengthgen.training.trainer")])
 def test_a_planted_import_from_above_fails(module, target):
     graph = the_graph()

@@ -54,6 +54,12 @@ def run_tests(run: Run, tested: Task, model, current_max: int, device: torch.dev
     return out
 
 
+def training_tests(run: Run, device: torch.device) -> list:
+    """The hooks a run's config asks of training (given to lengthgen.training.trainer.train by its
+    caller, so training imports nothing from evaluation): its tests, where train.test_interval > 0."""
+    return [TestsDuringTraining(run, device)] if run.cfg.train.test_interval > 0 else []
+
+
 class TestsDuringTraining:
     """The trainer's hook (lengthgen.training.trainer.Trainer): due every test_interval steps
     from test_offset, and after the last step."""

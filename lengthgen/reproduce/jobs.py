@@ -18,6 +18,7 @@ import torch
 
 from lengthgen.config.schema import RUNTIME_KEYS, flat, parse_lengths, read, to_dict
 from lengthgen.errors import UserError
+from lengthgen.evaluation.during_training import training_tests
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.reproduce.grid import Job
 from lengthgen.results.rows import LABELS, read_per_step, read_rows, relabel
@@ -97,7 +98,7 @@ def run_job(job: Job) -> dict:
                 kept = ", ".join(sorted(p.name for p in folder.iterdir()))
                 raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
                                 "move or delete that folder to train the run again")
-            train(run, folder, resume=resume, force=not resume, progress=False)
+            train(run, folder, resume=resume, force=not resume, progress=False, hooks=training_tests)
         labels = folder / LABELS  # the row labels, written after training (which may start the folder afresh)
         if not labels.is_file() or json.loads(labels.read_text() or "null") != job.labels:
             labels.write_text(json.dumps(job.labels) + "\n")

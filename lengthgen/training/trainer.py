@@ -27,7 +27,6 @@ from lengthgen.assembly import Run, assemble_saved, assembled, longest_sequence
 from lengthgen.config.schedules import curriculum_max, learning_rate
 from lengthgen.config.schema import Config, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
-from lengthgen.evaluation.during_training import TestsDuringTraining
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
 from lengthgen.runtime import checkpoint
@@ -266,19 +265,22 @@ class Trainer:
 
 
 def train(run: Run | Config | None, folder: Path, resume: bool = False, force: bool = False,
-          progress: bool = True) -> dict:
+          progress: bool = True, hooks=None) -> dict:
     """Train the assembled `run` in `folder` (a Config checked before, as a test edits one, has its
     parts built here); returns a summary dict. Resumes from the latest checkpoint, whose config wins.
     Under torchrun, one of the processes of a data-parallel run (lengthgen.training.distributed).
     The run folder's lock is held from before the folder is made (or deleted by --force, or read
-    by --resume) until training ends: a second train of it stops with one line (run_lock)."""
+    by --resume) until training ends: a second train of it stops with one line (run_lock).
+    `hooks(run, device)`: what to do during training besides learning (its list of hooks, e.g.
+    lengthgen.evaluation.during_training.training_tests), given by the caller, so training imports
+    nothing from evaluation; None: nothing."""
     folder = Path(folder)
     check_is_folder(folder)
     with run_lock(folder) if Ranks.from_env().main else contextlib.nullcontext():
-        return train_held(run, folder, resume, force, progress)
+        return train_held(run, folder, resume, force, progress, hooks)
 
 
-def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool, progress: bool) -> dict:
+def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool, progress: bool, hooks=None) -> dict:
     """`train` under the run folder's lock."""
     ranks = Ranks.from_env()
     restart = False
@@ -309,8 +311,7 @@ def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool
         (folder / "config.toml").write_text(to_toml(cfg))
         if hasattr(task, "save"):  # what the run read beyond its config (a trained tokenizer)
             task.save(folder)
-    hooks = [TestsDuringTraining(run, device)] if cfg.train.test_interval > 0 else []
-    return Trainer(run, folder, state, ranks, device, hooks).run(progress)
+    return Trainer(run, folder, state, ranks, device, hooks(run, device) if hooks else []).run(progress)
 
 
 def resource_fault(err: BaseException, cfg: Config, folder: Path, step: int) -> ResourceError | None:

@@ -10,6 +10,7 @@ import torch
 
 from lengthgen import assembly
 from lengthgen.errors import ConfigError
+from lengthgen.evaluation.during_training import training_tests
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.reporting.curves import metrics_of, read_tests
 from lengthgen.runtime.checkpoint import latest
@@ -22,7 +23,7 @@ TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_lay
 
 def run(folder, *extra: str, method: str = "looped"):
     cfg = assembly.load(None, [f"method={method}", *TINY, *extra])
-    train(cfg, folder, progress=False)
+    train(cfg, folder, progress=False, hooks=training_tests)
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -93,7 +94,7 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
     folder = tmp_path / "mult"
     cfg = assembly.load(None, ["method=looped", *TINY, "task.name=multiplication", "train.test_interval=60",
                               "train.test_lengths=5", "train.test_samples=256", "train.test_options={min_a_bits = 2}"])
-    train(cfg, folder, progress=False)
+    train(cfg, folder, progress=False, hooks=training_tests)
     last = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
     got = evaluate_run(folder, [5], samples=256, sweep={"min_a_bits": [1, 2]}, progress=False)
     by = {r["min_a_bits"]: r["accuracy"] for r in got}  # option values as CSV cells
