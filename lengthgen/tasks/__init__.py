@@ -6,6 +6,10 @@ import difflib
 from .addition import Addition
 from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, TrailingPad, measure, score
 from .binary_sum import BinarySum
+from .chomsky_context_free import ModularArithmeticBrackets, ReverseString, SolveEquation, StackManipulation
+from .chomsky_context_sensitive import (BinaryAddition, BinaryMultiplication, BucketSort, ComputeSqrt, DuplicateString,
+                                        MissingDuplicateString, OddsFirst)
+from .chomsky_regular import CycleNavigation, EvenPairs, ModularArithmetic, ParityCheck
 from .copy import Copy
 from .copy_symbols import CopySymbols
 from .counting import Counting
@@ -25,6 +29,14 @@ TASKS: dict[str, type[Task]] = {
                               FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication, SelectiveCopy,
                               Counting, Text)
 }
+# The Chomsky-hierarchy suite (Delétang et al., ICLR 2023) under the authors' task names, by level
+CHOMSKY = {
+    cls.name: cls for cls in (EvenPairs, ModularArithmetic, ParityCheck, CycleNavigation,  # regular
+                              StackManipulation, ReverseString, ModularArithmeticBrackets, SolveEquation,  # DCF
+                              DuplicateString, MissingDuplicateString, OddsFirst, BinaryAddition,  # CS
+                              BinaryMultiplication, ComputeSqrt, BucketSort)
+}
+TASKS.update(CHOMSKY)
 
 
 def task_of(cfg, **options) -> Task:
@@ -43,7 +55,8 @@ def get_task(name: str, **options) -> Task:
     return TASKS[name](**options)
 
 
-__all__ = ["TASKS", "get_task", "task_of", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS", "BLANK", "SPECIALS",
+__all__ = ["TASKS", "CHOMSKY", "get_task", "task_of", "Batch", "Task", "measure", "score", "IGNORE", "PAD", "EOS",
+           "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
            "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition",
            "DecimalMultiplication", "SelectiveCopy", "Counting", "Text"]
