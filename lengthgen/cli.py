@@ -158,8 +158,12 @@ def cmd_report(args) -> None:
     command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)] +
                          ["--curves"] * args.curves + (["--gain-reference", args.gain_reference]
                                                        if args.gain_reference else [])
-                         + (["--across-tasks", args.across_tasks] if args.across_tasks else []))
-    path = write_report(args.dirs, out, command=command, layout={"figures": figures})
+                         + (["--across-tasks", args.across_tasks] if args.across_tasks else [])
+                         + (["--compare", args.compare] if args.compare else [])
+                         + (["--threshold", f"{args.threshold:g}"] if args.threshold is not None else []))
+    stats = {"compare": [args.compare] if args.compare else [],
+             **({"threshold": args.threshold} if args.threshold is not None else {})}
+    path = write_report(args.dirs, out, command=command, layout={"figures": figures, **stats})
     print(path.read_text())
     print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
 
@@ -206,7 +210,7 @@ def check_reproduce_flags(args) -> None:
         raise UserError(f"--seeds must be in [1, {MAX_SEEDS:,}], got {args.seeds}")
     if args.threads > MAX_THREADS:  # each run's train.threads, which its saved config must keep
         raise UserError(f"--threads must be in [0, {MAX_THREADS}] (train.threads), got {args.threads}")
-    if (args.seeds is not None and args.seeds < 1) or args.workers < 1 or args.threads < 0:
+    if (args.seeds is not None and args.seeds < 1) or (args.workers or 1) < 1 or args.threads < 0:
         raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     if args.gpus_per_job is not None and not (math.isfinite(args.gpus_per_job) and args.gpus_per_job >= 0):
         raise UserError(f"--gpus-per-job must be a finite number >= 0, got {args.gpus_per_job}")
@@ -305,6 +309,12 @@ def add_report_command(sub) -> None:
     r.add_argument("--across-tasks", metavar="COLUMNS",
                    help="also draw accuracy at 2x the training length for each row of these columns (comma list, "
                         "e.g. arm,position) on every task, ranked by mean reciprocal rank across tasks (docs/matrix.md)")
+    r.add_argument("--compare", metavar="ARM_A,ARM_B",
+                   help="also test the difference between two arms (or methods outside a grid) task by task: "
+                        "Welch's t-test on the seeds' scores, with its p-value (docs/statistics.md)")
+    r.add_argument("--threshold", type=float, metavar="X",
+                   help="the score a seed must reach to count as a success, and the mean accuracy every length up "
+                        "to the effective length must reach (default 0.9)")
     r.set_defaults(func=cmd_report)
 
 
@@ -318,7 +328,9 @@ def add_reproduce_command(sub) -> None:
     rp.add_argument("--arms", help="comma list (default: the grid's default arms)")
     rp.add_argument("--methods", help="another name for --arms")
     rp.add_argument("--out", help="output folder (default runs/reproduce-<paper>-<scale>)")
-    rp.add_argument("--workers", type=int, default=2, help="runs trained in parallel (local backend)")
+    rp.add_argument("--workers", type=int, default=None,
+                    help="runs trained in parallel (local backend; default where runs train on CUDA: 1 per GPU, "
+                         "4 where steps run eagerly; else 2; docs/cluster.md)")
     rp.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="local: a pool of --workers processes; ray: a Ray task per run (docs/cluster.md)")
     rp.add_argument("--address", help="--backend ray: the cluster to join, e.g. auto or ray://HEAD:10001 "

@@ -21,6 +21,8 @@ from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section
 from lengthgen.reporting.across_tasks import section as across_tasks_section
+from lengthgen.reporting.compare import check_threshold, compare_section, parse_arms, seeds_section
+from lengthgen.reporting.statistics import DEFAULT_THRESHOLD
 from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
                                         task_view)
 from lengthgen.runtime.run_folders import REPORT_MARK, check_overwritable
@@ -150,6 +152,7 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     specs = figure_specs(layout)
     rows = collect(paths)
     agg = aggregate(rows)
+    stats = statistics_text(rows, agg, layout)  # a bad --compare is refused before anything is written
     steps = collect_per_step(paths)  # every input is read and checked before anything is written
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -170,7 +173,7 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     what = "Exact match" if metric == "accuracy" else f"`{metric}`"
     text += ["## Summary", "", f"{what} at {multiples} the longest training length (the evaluated length "
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
-             summary(agg, factors, metric)]
+             summary(agg, factors, metric)] + stats
     if metric == "accuracy" and any(math.isfinite(a.get("stop_step", math.nan)) for a in agg):
         text += ["Mean read-out iteration (`stop_step`) at the same lengths, for the series with a stop rule. "
                  "For the oracle it is T(n). The first-firing rules (`halt`, `first-confident`) run each sample "
@@ -190,6 +193,20 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
         text += FIGURES[spec["kind"]].draw(spec, drawn)
     (out / "report.md").write_text("\n".join(text))
     return out / "report.md"
+
+
+def statistics_text(rows: list[dict], agg: list[dict], layout: dict) -> list[str]:
+    """The sections over seeds (lengthgen.reporting.compare) of the score metric: layout["score"], else
+    the summary's metric where it is an accuracy (a share), else accuracy; layout["threshold"] (0.9)
+    for the success rate and the effective length; layout["compare"]: [ARM_A, ARM_B] pairs."""
+    summary_metric = layout.get("summary_metric", "accuracy")
+    metric = layout.get("score") or (summary_metric if summary_metric.endswith("accuracy") else "accuracy")
+    threshold = check_threshold(layout.get("threshold", DEFAULT_THRESHOLD))
+    text = seeds_section(rows, agg, threshold, metric)
+    for pair in layout.get("compare", []):
+        text += compare_section(rows, agg, *parse_arms(pair if isinstance(pair, str) else ",".join(map(str, pair))),
+                                metric=metric)
+    return text
 
 
 def attention_section(spec: dict, rows: list[dict], out: Path) -> list[str]:
