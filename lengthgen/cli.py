@@ -210,7 +210,8 @@ def check_reproduce_flags(args) -> None:
         raise UserError(f"--seeds must be in [1, {MAX_SEEDS:,}], got {args.seeds}")
     if args.threads > MAX_THREADS:  # each run's train.threads, which its saved config must keep
         raise UserError(f"--threads must be in [0, {MAX_THREADS}] (train.threads), got {args.threads}")
-    if (args.seeds is not None and args.seeds < 1) or (args.workers or 1) < 1 or args.threads < 0:
+    workers = args.workers if args.workers is not None else 1  # None: chosen by device (reproduce.runner)
+    if (args.seeds is not None and args.seeds < 1) or workers < 1 or args.threads < 0:
         raise UserError("--seeds and --workers must be >= 1, --threads >= 0")
     if args.gpus_per_job is not None and not (math.isfinite(args.gpus_per_job) and args.gpus_per_job >= 0):
         raise UserError(f"--gpus-per-job must be a finite number >= 0, got {args.gpus_per_job}")

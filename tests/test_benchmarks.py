@@ -55,3 +55,34 @@ def test_a_run_spends_its_steps_at_lengths_as_its_curriculum_draws_them():
     assert weights[1] == pytest.approx(30 / 2 + 30 / 3 + 40 / 4)
     assert weights[3] == pytest.approx(30 / 3 + 40 / 4) and weights[4] == pytest.approx(40 / 4)
     assert sum(weights.values()) == pytest.approx(100) and set(weights) == {1, 2, 3, 4}
+
+
+AUTHORS = Path(__file__).resolve().parent.parent / ".authors" / "looped-tf"
+
+
+@pytest.mark.slow  # starts processes
+@pytest.mark.skipif(not (AUTHORS / "src").is_dir(),
+                    reason="the authors' looped-tf is not prepared here (.authors/: benchmarks/authors_looped.py)")
+def test_the_authors_looped_step_runs_on_their_code():
+    import authors_looped
+    assert authors_looped.authors_available(AUTHORS) is None
+    assert "not found" in authors_looped.authors_available(AUTHORS.parent / "nowhere")
+    assert authors_looped.authors_step_ms(AUTHORS, task="parity", device="cpu", steps=1, warmup=0, length=2) > 0
+
+
+@pytest.mark.slow  # starts processes
+def test_the_gpu_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/gpu.py --device cpu: the same code a GPU runs (steppers, several processes,
+    the schemes against RoPE), small, so the GPU's benchmark stays alive without a GPU."""
+    import json
+    import subprocess
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"),
+                           "--device", "cpu", "--steps", "1", "--warmup", "0", "--procs", "1,2", "--seconds", "1",
+                           "--no-compile", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["looped"]["parity"]["eager"] > 0 and results["looped"]["addition"]["eager"] > 0
+    assert set(results["several"]) == {"1", "2"} and all(rate > 0 for rate in results["several"].values())
+    assert {"rope", "tra", "cope", "fox"} <= set(results["content"])
+    assert "| parity |" in done.stdout and "x RoPE" in done.stdout

@@ -102,9 +102,10 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # torch CPU threads, 0..1024; 0 = torch's default
     precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
-    # torch.compile each block (inductor, dynamic shapes; CUDA graphs on CUDA), not for TRA and CoPE, which run
-    # eagerly with a note (lengthgen.model.compiling); the same weights and losses as eager, to float rounding
+    # torch.compile each block (inductor, dynamic shapes), not for TRA and CoPE, which run eagerly with a
+    # note (lengthgen.model.compiling); the same weights and losses as eager, to float rounding
     compile: bool = False
+    capture: bool = True  # on CUDA, each step shape's whole step as one CUDA graph (lengthgen.training.captured)
     log_interval: int = 50  # steps between metric lines in metrics.jsonl
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
     # exact match during training, into metrics.jsonl (test@max at the curriculum's current maximum,
@@ -182,7 +183,7 @@ TOO_DEEP = "a lengthgen config is a few levels deep (section.key.option = [value
 MAX_SEEDS = 1000
 
 
-RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to"}  # how a run executes, not what it computes
+RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to", "train.capture"}  # how a run executes, not what it computes
 # set per run by a grid (--seeds, --threads): a --set of these would be overridden
 PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
 RANKS = ("attention", "leave_one_out")  # how the dependence measurement ranks far tokens

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lengthgen.config.schema import Config
-from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
+from lengthgen.methods.looped.block import (LoopedTransformer, fixed_shape_loss, looped_loss, oracle_logits,
+                                           per_sample_steps)
 from lengthgen.methods.looped.halting import (Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths,
                                               halt_loss, uncertain_loss)
 from lengthgen.methods.looped.stop_passes import confidence_precision
@@ -57,7 +58,10 @@ class Method:
     so the task must supply coupled IDs;
     `model_batch(batch)`: the batch as the model reads it (for sizing position tables);
     `finish(model, cfg, task, device)`: work on the trained model before its last checkpoint;
-    `metric_names` / `metrics(model, batch)`: the method's own evaluation metrics, per sample."""
+    `metric_names` / `metrics(model, batch)`: the method's own evaluation metrics, per sample;
+    `capturable`: `fixed_shape_loss(model, batch, iterations)` is the loss with no host sync, of
+    a batch padded to a fixed width and run `iterations(batch)` or more loop iterations, which
+    a CUDA graph can record (lengthgen.training.captured)."""
 
     name = ""
     has_stop_rules = False
@@ -65,6 +69,7 @@ class Method:
     accepts_position_ids = True
     needs_answer_region = False
     needs_target_ids = False
+    capturable = True
     metric_names: tuple[str, ...] = ()
 
     def __init__(self, cfg: Config | None = None):
@@ -125,6 +130,13 @@ class Method:
         logits = self.logits(model, batch)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
 
+    def iterations(self, batch: Batch) -> int:
+        """Loop iterations a batch (on the CPU) needs; 0 for a method without a loop."""
+        return 0
+
+    def fixed_shape_loss(self, model: nn.Module, batch: Batch, iterations: int) -> Tensor:
+        return self.loss(model, batch)
+
     @torch.no_grad()
     def predict(self, model: nn.Module, batch: Batch) -> Tensor:
         """(B, L) predicted token at every position; only scored ones count."""
@@ -165,6 +177,12 @@ class Looped(Method):
     def loss(self, model, batch):  # the same value as Method.loss, without padding the logits
         return looped_loss(model, batch, self.loss_scheme)
 
+    def iterations(self, batch):
+        return int(per_sample_steps(batch).max())
+
+    def fixed_shape_loss(self, model, batch, iterations):
+        return fixed_shape_loss(model, batch, iterations)
+
     def predict_stop(self, model, batch: Batch, rule="oracle") -> tuple[Tensor, Tensor]:
         """(pred (B, L), read-out step (B,)) under a stop rule (text or StopRule), see lengthgen.methods.looped.stop_rules."""
         return predict_stop(model, batch, rule)
@@ -186,6 +204,7 @@ class Looped(Method):
 
 class StoppingLoss(Looped):
     """A looped method with a stopping loss on every iteration, weighted by train.halt_loss_weight."""
+    capturable = False  # the loss on every iteration reads which rows still run on the host
 
     def __init__(self, cfg=None):
         super().__init__(cfg)
@@ -296,6 +315,7 @@ def pause_batch(batch: Batch, n_pause: Tensor | None = None) -> Batch:
 
 class NTPPause(Method):
     name = "ntp-pause"
+    capturable = False  # pause_batch reads the paused width on the host
     accepts_position_ids = False  # pause_batch lays the sequence out anew
     needs_answer_region = True
 

@@ -8,9 +8,11 @@ made 4 graphs in 20 steps over lengths 1..12, forward and backward), where a com
 be a new graph for every T(n) and every batch's lengths. `nn.Module.compile` compiles a module in
 place, so parameter names, checkpoints and the EMA copy are those of the eager model.
 
-On CUDA the blocks are compiled in "reduce-overhead" mode, which replays each shape's kernels as
-one CUDA graph (the looped paper's GPU grid is bound by kernel launches: docs/cluster.md); on CPU
-in the default mode. Not compiled: the schemes that compute attention themselves (TRA, CoPE):
+The blocks are compiled in the default mode on every device: inductor's own CUDA graphs
+("reduce-overhead") recorded a new graph for every packed shape and made a looped Parity step
+5-50x slower than eager on an H200. CUDA graphs come from train.capture instead, which records the
+whole step once per shape bucket (lengthgen.training.captured), with the compiled blocks inside
+it. Not compiled: the schemes that compute attention themselves (TRA, CoPE):
 their queries run in Python-level chunks sized by the sequence length, so every length is a new
 graph (8 recompilations in 20 steps of copy, then torch stops compiling them); they run eagerly,
 with a note. Whether compiling pays depends on how many steps share the compile time:
@@ -50,9 +52,8 @@ def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.co
     # $TMPDIR, where nothing clears them (docs/faults.md, "What is left on disk"); a user's own
     # TORCHINDUCTOR_CACHE_DIR wins
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder() / "inductor"))
-    mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs where the device has them
     for block in model.blocks:
-        block.compile(dynamic=True, mode=mode)
+        block.compile(dynamic=True)
     return True
 
 

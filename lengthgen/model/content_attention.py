@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lengthgen.model.attention import NO_DROPOUT, AttentionDropout
+from lengthgen.model.attention import NO_DROPOUT, AttentionDropout, masked_softmax
 
 
 # A chunk of c queries holds several (rows, c, T) float tensors at once; with many rows
@@ -16,13 +16,18 @@ from lengthgen.model.attention import NO_DROPOUT, AttentionDropout
 # forward + backward 3x faster than 2^24 at the mini block's training shape (batch 64,
 # window 256) and their inference at batch 256, window 512, 3-4x faster (2^20: no faster).
 MAX_CHUNK_SCORES = 2 ** 22
+# On a GPU, memory is not what limits a chunk and every chunk is another round of launches: the
+# TRA paper's training shape (64 x 4 rows, window 256, 2^24 scores) runs as one chunk.
+MAX_CHUNK_SCORES_CUDA = 2 ** 26
 
 
-def query_spans(T: int, chunk: int, rows: int = 1) -> list[tuple[int, int]]:
+def query_spans(T: int, chunk: int, rows: int = 1, cuda: bool = False) -> list[tuple[int, int]]:
     """[start, end) of each chunk of queries. chunk 0 = all T at once; otherwise at most
-    `chunk` queries and at most MAX_CHUNK_SCORES scores over `rows` (batch x heads) rows."""
+    `chunk` queries and at most MAX_CHUNK_SCORES (on CUDA MAX_CHUNK_SCORES_CUDA) scores over
+    `rows` (batch x heads) rows."""
     if chunk:
-        chunk = max(1, min(chunk, MAX_CHUNK_SCORES // (rows * T)))
+        cap = MAX_CHUNK_SCORES_CUDA if cuda else MAX_CHUNK_SCORES
+        chunk = max(1, min(chunk, cap // (rows * T)))
     else:
         chunk = T
     return [(s, min(T, s + chunk)) for s in range(0, T, chunk)]
@@ -47,7 +52,7 @@ def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: in
     q, k = F.rms_norm(q, (Dh,)), F.rms_norm(k, (Dh,))
     gate = F.logsigmoid(gate_logit.float())[..., None]  # (B, H, T, 1), <= 0: forgetting grows with distance
     out = []
-    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1]):
+    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1], q.is_cuda):
         raw = (q[:, :, s:e] @ k[:, :, :e].transpose(-2, -1)).float() * Dh ** -0.5  # (B, H, c, e)
         causal = torch.arange(e, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
         kept = (raw > 0) & causal  # relu(raw) = 0 drops the key; where kept, relu(raw) = raw
@@ -77,13 +82,14 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: i
     `tra_attention`."""
     Dh, T = q.shape[-1], q.shape[-2]
     out = []
-    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1]):
+    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1], q.is_cuda):
         qc = q[:, :, s:e]
         dots = (qc @ k[:, :, :e].transpose(-2, -1)).float()  # (B, H, c, e)
         causal = torch.arange(e, device=q.device)[None, :] <= torch.arange(s, e, device=q.device)[:, None]
         gates = torch.sigmoid(dots * Dh ** -0.5).masked_fill(~causal, 0.0)
         sums = gates.cumsum(-1)  # gates of keys [0, j]; the last column: all up to i
-        pos = (sums[..., -1:] - sums + gates).clamp(max=npos_max - 1)  # gates of keys [j, i], (B, H, c, e)
+        # gates of keys [j, i], (B, H, c, e); >= 0 but for rounding, which a fused cumsum can take below 0
+        pos = (sums[..., -1:] - sums + gates).clamp(min=0, max=npos_max - 1)
         z = (qc @ pos_emb.to(qc.dtype)).float()  # (B, H, c, npos_max): q . E[p] at every integer p
         low = pos.floor()
         frac = pos - low
@@ -96,3 +102,35 @@ def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: i
             keep.append((att[..., -1:, :] if keep_last else att).detach())
         out.append(dropout.weights(att).to(v.dtype) @ v[:, :, :e])
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def fox_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, dropout: AttentionDropout = NO_DROPOUT) -> Tensor:
+    """The Forgetting Transformer's attention (lengthgen.model.positions.FoX), whole: logits
+    q . k / sqrt(Dh) + sum of log f over l = j+1..i, causal, softmax, weights @ v. gate_logit (B, H, T)."""
+    T = q.shape[-2]
+    cumulative = F.logsigmoid(gate_logit.float()).cumsum(-1)  # (B, H, T)
+    logits = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5 + (cumulative[..., :, None] - cumulative[..., None, :])
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    att = dropout.weights(masked_softmax(dropout.logits(logits.masked_fill(future, float("-inf")))))
+    return att.to(v.dtype) @ v
+
+
+ATTENTIONS = {"tra": tra_attention, "cope": cope_attention, "fox": fox_attention}
+_FUSED: dict = {}
+
+
+def fused(name: str):
+    """The attention `name` of ATTENTIONS compiled by inductor, once per process: its chain of
+    elementwise passes over (B, H, T, T) scores (TRA: nine, and a scan) becomes a few kernels. The
+    schemes use it for training on CUDA, where those passes each cost a launch and a trip through
+    memory (TRA's eager step was 2.9x RoPE's on an H200; docs/benchmarks.md); evaluation, whose
+    lengths change from call to call, and recording stay eager. Equal to the eager function to
+    float rounding (tests/model/test_fused_attention.py, on CPU, where inductor compiles C++)."""
+    if name not in _FUSED:
+        _FUSED[name] = torch.compile(ATTENTIONS[name])  # a shape that changes becomes dynamic at its first recompile
+    return _FUSED[name]
+
+
+def fuses(q: Tensor, keep: list | None) -> bool:
+    """Whether a scheme's attention runs fused: training on CUDA, nothing recorded."""
+    return q.is_cuda and keep is None and torch.is_grad_enabled()

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import AttentionDropout, AttentionRecorder
-from lengthgen.model.content_attention import cope_attention, tra_attention
+from lengthgen.model.content_attention import cope_attention, fused, fuses, tra_attention
 
 
 def default_position_ids(seq_len: int, device=None) -> Tensor:
@@ -39,7 +39,11 @@ def default_position_ids(seq_len: int, device=None) -> Tensor:
 
 def _check_table(position_ids: Tensor, max_positions: int, name: str) -> None:
     # A table lookup past the end would be an opaque index error (or, for the
-    # sinusoidal table, a silent extrapolation the config did not ask for).
+    # sinusoidal table, a silent extrapolation the config did not ask for). Not while a CUDA graph
+    # records (lengthgen.training.captured): reading the IDs on the host would break the recording,
+    # and the step's first, eager run checked the shape's IDs.
+    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
     hi, lo = int(position_ids.max()), int(position_ids.min())
     if hi >= max_positions or lo < 0:
         raise ValueError(
@@ -314,7 +318,8 @@ class CoPE(PositionalScheme):
 
     def attend(self, q, k, v, x, layer, dropout, recorder=None):
         kept, last = (recorder.chunks(layer), recorder.last_only) if recorder is not None else (None, False)
-        return cope_attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, last)
+        attention = fused("cope") if fuses(q, kept) else cope_attention
+        return attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, last)
 
 
 class FoX(PositionalScheme):
@@ -335,6 +340,12 @@ class FoX(PositionalScheme):
         """(B, T, D) block input -> (B, H, T, T) D_ij = sum of log f over l = j+1..i (j <= i)."""
         cumulative = F.logsigmoid(self.gates[layer](x).float()).transpose(1, 2).cumsum(-1)  # (B, H, T)
         return cumulative[..., :, None] - cumulative[..., None, :]
+
+    def attend(self, q, k, v, x, layer, dropout, recorder=None):
+        """Fused for training on CUDA (content_attention.fused); elsewhere None: the logits path."""
+        if not fuses(q, recorder):
+            return None
+        return fused("fox")(q, k, v, self.gates[layer](x).transpose(1, 2), dropout)
 
     def content_logits(self, q, k, x, layer):
         T = q.shape[-2]
@@ -363,7 +374,8 @@ class TRA(PositionalScheme):
     def attend(self, q, k, v, x, layer, dropout, recorder=None):
         gate_logit = self.gates[layer](x).transpose(1, 2)  # (B, H, T)
         kept, last = (recorder.chunks(layer), recorder.last_only) if recorder is not None else (None, False)
-        return tra_attention(q, k, v, gate_logit, self.chunk, dropout, kept, last)
+        attention = fused("tra") if fuses(q, kept) else tra_attention
+        return attention(q, k, v, gate_logit, self.chunk, dropout, kept, last)
 
 
 # Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from lengthgen.assembly import longest_sequence
 from lengthgen.errors import RunsFailed, UserError
+from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.report import DEFAULT_LAYOUT, figure_specs, write_report
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.grid import AtScale, Job
@@ -61,6 +62,45 @@ def write_timing(path: Path, results: list[dict]) -> None:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+# Local runs on CUDA: how many share one GPU, measured by benchmarks/gpu.py on an H200
+# (docs/cluster.md, "Several runs per GPU"). A recorded step (train.capture) keeps the GPU busy
+# 82-90 % of the time: four looped Parity runs at once trained 0.94x as fast as one. An eager step
+# leaves it idle over 80 % of the time, waiting on launches: four eager runs trained 3.6x as fast.
+WORKERS_PER_GPU = {"captured": 1, "eager": 4}
+CPU_WORKERS = 2
+
+
+def machine_gpus() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpus_used(jobs: list[Job]) -> int:
+    """GPUs the local runs train on: this machine's CUDA devices when every run's train.device
+    lets it use them (auto or cuda), else 0."""
+    return machine_gpus() if all(job.loaded().train.device in ("auto", "cuda") for job in jobs) else 0
+
+
+def all_captured(jobs: list[Job]) -> bool:
+    """Whether every run records its steps as CUDA graphs (lengthgen.training.captured)."""
+    return all(cfg.train.capture and cfg.train.data_shards == 1 and METHODS[cfg.method].capturable
+               for cfg in (job.loaded() for job in jobs))
+
+
+def default_workers(gpus: int, captured: bool = True) -> int:
+    return WORKERS_PER_GPU["captured" if captured else "eager"] * gpus if gpus else CPU_WORKERS
+
+
+def _start_worker(parent: int, gpus: int, counter) -> None:
+    """Worker initializer: its own GPU where there are several (round robin, before CUDA starts),
+    and its end with `parent`."""
+    if gpus > 1:
+        with counter.get_lock():
+            index, counter.value = counter.value, counter.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+    _exit_with(parent)
 
 
 def _exit_with(parent: int) -> None:
@@ -146,16 +186,23 @@ def check_machine(jobs: list[Job]) -> None:
 
 
 def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,
-              arms: list[str] | None = None, out: Path | None = None, workers: int = 2,
+              arms: list[str] | None = None, out: Path | None = None, workers: int | None = None,
               samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0,
               backend: str = "local", address: str | None = None, gpus_per_job: float | None = None) -> Path:
     """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) at
     `scale` (default: cpu, or the grid's first scale) and write its report. `extra`: KEY=VALUE
     config overrides applied to every run (after the arm's). `backend`: "local" (a pool of
     `workers` processes) or "ray" (a task per run on the cluster at `address`, or on a local Ray
-    instance; `gpus_per_job` GPUs each, see lengthgen.reproduce.ray_runner). The command checks
+    instance; `gpus_per_job` GPUs each, see lengthgen.reproduce.ray_runner). `workers` None:
+    WORKERS_PER_GPU per GPU where the runs train on CUDA, else CPU_WORKERS. The command checks
     its flags before calling this (lengthgen.cli.check_reproduce_flags)."""
-    plan = planned(paper, scale, seeds, tasks, arms, out, workers, samples, list(extra or []), threads)
+    chosen = workers or default_workers(machine_gpus() if backend == "local" else 0)
+    plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads)
+    gpus = gpus_used(plan.jobs) if backend == "local" else 0
+    if workers is None and chosen != default_workers(gpus, all_captured(plan.jobs)):  # planned again, rarely
+        chosen = default_workers(gpus, all_captured(plan.jobs))
+        plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads)
+    workers = chosen
     if backend == "local":  # on a cluster, each run checks the node it lands on
         check_machine(plan.jobs)
     check_overwritable(plan.out, REPRODUCTION_FILES)  # e.g. --out . in a project with a report.md of its own
@@ -172,7 +219,7 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         if todo and backend == "ray":
             results += run_on_ray(run_job, todo, plan.out, address, progress, gpus_per_job)
         elif todo:
-            results += run_all(todo, workers, progress)
+            results += run_all(todo, workers, progress, gpus)
         results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
         return write_results(plan, results)
 
@@ -237,16 +284,17 @@ def running_jobs(futures: dict, pending: set, workers: int) -> list[Job]:
     return [job for future, job in futures.items() if future in pending and future.running()][:workers]
 
 
-def run_all(jobs: list[Job], workers: int, progress: bool) -> list[dict]:
-    """run_job for every job in `workers` processes; the results in the order they finish."""
+def run_all(jobs: list[Job], workers: int, progress: bool, gpus: int = 0) -> list[dict]:
+    """run_job for every job in `workers` processes (spread over `gpus` GPUs); the results in the
+    order they finish."""
     results, start = [], time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
     # Interrupted (Ctrl-C, or SIGTERM from a scheduler), the workers stop with this process:
     # left running, they would keep writing run folders that a rerun of the command resumes.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_exit_with,
-                               initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
+                               initargs=(os.getpid(), gpus, context.Value("i", 0)))
     try:
         futures = {pool.submit(run_job, job): job for job in jobs}
         pending = set(futures)

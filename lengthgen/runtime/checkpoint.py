@@ -107,7 +107,7 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
         # serialised in memory, written by Python: a full disk is then an OSError naming the file
         # (torch.save's own writer reports it as "unexpected pos 55808 vs 55696")
         serialised = io.BytesIO()
-        torch.save(optimizer.state_dict(), serialised)
+        torch.save(portable_state(optimizer), serialised)
         (tmp / "optimizer.pt").write_bytes(serialised.getbuffer())
         digests = {file.name: sha256(file) for file in sorted(tmp.iterdir())}
         content = {**state, "step": step, "sha256": digests}
@@ -262,6 +262,22 @@ def load_optimizer(optimizer, file: Path, digests: dict | None = None) -> None:
         optimizer.load_state_dict(saved)
     except Exception as err:
         raise UserError(f"optimizer state {file} is corrupt: {str(err).splitlines()[0]}") from None
+
+
+def portable_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state dict as an eager run on any device reads it: lr a number, not
+    capturable, step counts on the CPU (a checkpoint written by a recorded run resumes anywhere)."""
+    saved = optimizer.state_dict()
+    saved["state"] = {index: dict(slots) for index, slots in saved["state"].items()}  # not the live state's dicts
+    for group in saved["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+        if group.get("capturable"):
+            group["capturable"] = False
+    for state in saved["state"].values():
+        if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type != "cpu":
+            state["step"] = state["step"].detach().to("cpu")
+    return saved
 
 
 def check_optimizer_shapes(optimizer, saved, file: Path) -> None:

@@ -37,6 +37,7 @@ from lengthgen.tasks import Batch, Task
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training import trackers
 from lengthgen.training.distributed import Ranks, no_sync, shard_seed
+from lengthgen.training.captured import CapturedSteps, capture_refusal, note
 from lengthgen.training.finite_set import FiniteSet, training_set
 from lengthgen.training.run_state import RunState
 
@@ -150,6 +151,7 @@ class Trainer:
         self.fixed_set = training_set(cfg, task)  # None: fresh samples every step
         self.loss_of, self.shards = None, ranks.shards(cfg.train.data_shards)
         self.compiled, self.graphs_before = False, 0
+        self.captured: CapturedSteps | None = None  # the step as CUDA graphs (train.capture)
         self.loss_sum = torch.zeros((), device=device)  # on the device: no host sync per step on GPUs
         self.finite = torch.ones((), dtype=torch.bool, device=device)
         self.window_start, self.window_steps, self.window_samples = time.perf_counter(), 0, 0
@@ -163,9 +165,6 @@ class Trainer:
         """Gradients of the step's loss; a block that fails to compile runs eagerly from here on."""
         optimizer = self.state.optimizer
         optimizer.zero_grad(set_to_none=True)
-        if self.compiled and self.device.type == "cuda":
-            # a new step for CUDA graph trees: the graphs' output buffers from the last step may be reused
-            torch.compiler.cudagraph_mark_step_begin()
         try:
             return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
         except Exception as err:
@@ -176,18 +175,45 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
             return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
 
+    def replayed(self, batches: list[Batch], lr: float) -> torch.Tensor | None:
+        """The whole step from a CUDA graph (gradients, clipping, the optimizer): its loss, or None
+        when recording fails, with a note, and every later step runs eagerly."""
+        try:
+            return self.captured(batches[0], lr)
+        except Exception as err:
+            if is_out_of_memory(err):
+                raise
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            note(f"recording the step failed ({type(err).__name__}: {first})")
+            self.captured = None
+            return None
+
+    def start_capture(self) -> None:
+        """Record steps as CUDA graphs where train.capture asks and the run allows, else a note."""
+        tr = self.cfg.train
+        if not (tr.capture and self.device.type == "cuda"):
+            return
+        reason = capture_refusal(self.method, self.ranks.world, tr.data_shards, self.device)
+        if reason:
+            note(reason)
+            return
+        self.captured = CapturedSteps(self.method, self.state.model, self.state.optimizer, tr.grad_clip,
+                                      tr.precision, self.device)
+
     def step(self) -> tuple[float, int]:
         """One optimizer step; returns its learning rate and curriculum maximum."""
         tr, state = self.cfg.train, self.state
         high = curriculum_max(self.cfg, state.step)
         batches = self.draw(high)
         lr = learning_rate(self.cfg, state.step)
-        for group in state.optimizer.param_groups:
-            group["lr"] = lr
-        loss = self.learn(batches)
-        if tr.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), tr.grad_clip)
-        state.optimizer.step()
+        loss = self.replayed(batches, lr) if self.captured is not None else None
+        if loss is None:
+            for group in state.optimizer.param_groups:
+                group["lr"] = lr
+            loss = self.learn(batches)
+            if tr.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(state.model.parameters(), tr.grad_clip)
+            state.optimizer.step()
         state.update_ema(tr)
         state.step += 1
         self.loss_sum += loss
@@ -211,6 +237,8 @@ class Trainer:
                "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - self.start_time}
         if self.compiled:  # graphs compiled so far: a number that keeps growing means recompiling
             row["compiled_graphs"] = compilations() - self.graphs_before
+        if self.captured is not None:  # CUDA graphs recorded so far: about one per curriculum length
+            row["cuda_graphs"] = self.captured.count()
         if hooked and self.ranks.main:
             began = time.perf_counter()
             weights = self.state.tested_weights(tr.ema_start)
@@ -227,6 +255,7 @@ class Trainer:
         self.compiled = tr.compile and compile_blocks(state.model, self.device)  # in place: EMA and checkpoints see no change
         self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
         self.loss_of = ranks.wrap(self.method, state.model)
+        self.start_capture()
         sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), state.step)
         bar = tqdm(total=tr.steps, initial=state.step, disable=not progress or not ranks.main, dynamic_ncols=True,
                    mininterval=1.0)

@@ -116,12 +116,13 @@ def _packing(scheme: str) -> bool:
     return scheme == "prefix"
 
 
-def _logits_max(model: LoopedTransformer, batch: Batch) -> Tensor:
+def _logits_max(model: LoopedTransformer, batch: Batch, iterations: int | None = None) -> Tensor:
+    """Every row run `iterations` times (default the batch's largest T_i), each read at its own T_i."""
     inputs = batch.blank_answers().inputs
     steps = per_sample_steps(batch)
     h, e, pos = model.start(inputs, batch.position_ids)
     picked = torch.zeros_like(h)  # (B, L, D): state of each sample at its own T_i
-    for t in range(1, int(steps.max()) + 1):
+    for t in range(1, (iterations or int(steps.max())) + 1):
         h = model.step(h, e, pos)
         picked = torch.where((steps == t)[:, None, None], h, picked)
     return model.read(picked)
@@ -177,6 +178,13 @@ def _logits_prefix(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
     logits = layout.pad(model.read(h))  # (B, W, V) in `order`, zeros past each row's width
     logits = F.pad(logits, (0, 0, 0, batch.inputs.shape[1] - layout.width))
     return logits[torch.argsort(order)]  # (B, L, V) in batch order
+
+
+def fixed_shape_loss(model: LoopedTransformer, batch: Batch, iterations: int) -> Tensor:
+    """The "max" scheme's loss with every row run `iterations` (>= the batch's largest T_i) times:
+    shapes and loop count fixed, no host sync, so a CUDA graph can hold it (lengthgen.training.captured)."""
+    logits = _logits_max(model, batch, iterations)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
 
 
 def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix", step_loss=None) -> Tensor:

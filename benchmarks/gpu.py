@@ -1,0 +1,335 @@
+"""One GPU benchmark: what a training step costs on one GPU, every way lengthgen can run it.
+
+Prints, measured in one run on one device (ratios are meaningful; absolute times drift):
+1. Looped Parity and Addition at the paper presets (experiments/looped/paper/, at the final
+   curriculum length: batch 64, lengths mixed from 1 to train_max): ms per training step
+   eager, captured (train.capture: the whole step replayed from CUDA graphs,
+   lengthgen.training.captured), compiled (train.compile) and compiled + captured; each step
+   draws its batch on the host, as training does. With --authors PATH (a folder holding
+   looped-tf/src, see benchmarks/authors_looped.py), the authors' step on the same device.
+2. The GPU-busy share of eager and captured steps: kernel time over wall time (torch profiler),
+   and the kernels a step launches.
+3. Correct before fast: eager and captured training from one seed, same batches; the largest
+   relative difference of their losses over the steps, and of the final weights.
+4. Several runs per GPU: P processes each training the Parity step at once; steps per second of
+   all of them over one process's.
+5. TRA, CoPE and FoX against RoPE on the TRA paper's flip-flop preset
+   (experiments/tra/paper/flipflop.toml): ms per step and the ratio to RoPE's, eager and
+   captured (their attention fused on CUDA: lengthgen.model.content_attention.fused).
+
+    python benchmarks/gpu.py [--device cuda] [--steps 30] [--procs 1,4] [--authors .authors] [--json FILE]
+    python benchmarks/gpu.py --device cpu     # small shapes, eager only: keeps the script alive in CI
+
+At most about 6 minutes on one H100 or H200 (compiling takes most of it; --no-compile skips it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from lengthgen import assembly  # noqa: E402
+from lengthgen.model.compiling import compile_blocks  # noqa: E402
+from lengthgen.runtime.devices import autocast, pick_device  # noqa: E402
+from lengthgen.training.captured import CapturedSteps  # noqa: E402
+from lengthgen.training.run_state import RunState  # noqa: E402
+from lengthgen.training.trainer import sample_batch  # noqa: E402
+
+LOOPED = {"parity": ROOT / "experiments/looped/paper/parity.toml",
+          "addition": ROOT / "experiments/looped/paper/addition.toml"}
+FLIPFLOP = ROOT / "experiments/tra/paper/flipflop.toml"
+SMALL = ["model.d_model=32", "model.n_head=2", "task.train_max=6", "train.batch_size=16"]  # --device cpu
+SMALL_FLIPFLOP = ["model.d_model=32", "model.n_head=2", "model.n_layer=1", "task.train_min=16", "task.train_max=16",
+                  "train.batch_size=8"]
+
+
+def load(preset: Path, device: torch.device, small: list[str], extra: list[str] = ()):
+    overrides = [f"train.device={device.type}", *(small if device.type == "cpu" else []), *extra]
+    return assembly.assemble(preset, overrides)
+
+
+class Stepper:
+    """One way of running a run's training step: eager, or captured, with or without compiled
+    blocks. `__call__()` draws a batch at the final curriculum length and trains on it."""
+
+    def __init__(self, run, device: torch.device, capture: bool, compiled: bool, seed: int = 0):
+        self.run, self.device, cfg = run, device, run.cfg
+        self.state = RunState.start(cfg, run.method, run.task, device)
+        self.state.model.train()
+        if compiled:
+            compile_blocks(self.state.model, device, "benchmark")
+        self.captured = (CapturedSteps(run.method, self.state.model, self.state.optimizer, cfg.train.grad_clip,
+                                       cfg.train.precision, device) if capture else None)
+        self.data = torch.Generator().manual_seed(seed)
+
+    def batch(self):
+        tr, task = self.run.cfg.train, self.run.cfg.task
+        drawn = sample_batch(self.run.task, tr.batch_size, task.train_min, task.train_max, self.data,
+                             tr.length_sampling == "per_sample")
+        return self.run.transform(drawn, self.data)
+
+    def __call__(self, batch=None) -> torch.Tensor:
+        batch, tr, state = batch if batch is not None else self.batch(), self.run.cfg.train, self.state
+        if self.captured is not None:
+            return self.captured(batch, tr.lr)
+        state.optimizer.zero_grad(set_to_none=True)
+        for group in state.optimizer.param_groups:
+            group["lr"] = tr.lr
+        with autocast(self.device, tr.precision):
+            loss = self.run.method.loss(state.model, batch.to(self.device))
+        loss.backward()
+        if tr.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), tr.grad_clip)
+        state.optimizer.step()
+        return loss.detach()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ms_per_step(step, device: torch.device, steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return 1000 * (time.perf_counter() - start) / steps
+
+
+def busy_share(step, device: torch.device, steps: int = 3) -> tuple[float, float]:
+    """(share of the wall time the device computes, kernels per step) over `steps` steps."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    sync(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels) / 1e6  # microseconds
+    return busy / wall, len(kernels) / steps
+
+
+def agreement(run, device: torch.device, steps: int) -> dict:
+    """Eager and captured training from one seed on the same batches: the largest relative
+    differences of their losses and final weights."""
+    eager, captured = Stepper(run, device, False, False), Stepper(run, device, True, False)
+    batches = [eager.batch() for _ in range(steps)]
+    losses = [(float(eager(b)), float(captured(b))) for b in batches]
+    worst_loss = max(abs(a - b) / max(abs(a), 1e-12) for a, b in losses)
+    worst_weight = max(float((p - q).detach().abs().max() / p.detach().abs().max().clamp(min=1e-12))
+                       for p, q in zip(eager.state.model.parameters(), captured.state.model.parameters()))
+    return {"steps": steps, "loss_rel": worst_loss, "weight_rel": worst_weight, "first_loss": losses[0][0],
+            "last_loss": losses[-1][0]}
+
+
+def looped_rows(task: str, device: torch.device, args) -> dict:
+    run = load(LOOPED[task], device, SMALL)
+    cuda, row = device.type == "cuda", {}
+    variants = [("eager", False, False)] + ([("captured", True, False)] if cuda else [])
+    if not args.no_compile:  # compiled once: the captured variant records the same compiled blocks
+        variants += [("compiled", False, True)] + ([("compiled+captured", True, True)] if cuda else [])
+    stepper = None
+    drawer = Stepper(run, device, False, False)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        drawer.batch()
+    row["draw"] = 1000 * (time.perf_counter() - start) / args.steps
+    print(f"  {task}: drawing a batch on the host {row['draw']:.1f} ms", flush=True)
+    for name, capture, compiled in variants:
+        try:
+            if stepper is None or not compiled:
+                stepper = Stepper(run, device, capture, compiled)
+            elif capture:
+                stepper.captured = CapturedSteps(run.method, stepper.state.model, stepper.state.optimizer,
+                                                 run.cfg.train.grad_clip, run.cfg.train.precision, device)
+            row[name] = ms_per_step(stepper, device, args.steps, args.warmup + (3 if compiled else 0))
+            if name in ("eager", "captured") and cuda:
+                row[f"{name}_busy"], row[f"{name}_kernels"] = busy_share(stepper, device)
+                print(f"  {task} {name}: GPU busy {row[f'{name}_busy']:.0%}, {row[f'{name}_kernels']:.0f} kernels a step",
+                      flush=True)
+            if stepper.captured is not None:
+                row[f"{name}_graphs"] = stepper.captured.count()
+            print(f"  {task} {name}: {row[name]:.1f} ms/step", flush=True)
+        except Exception as err:  # one variant failing leaves the others measured
+            row[name] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+            print(f"  {task} {name}: {row[name]}", flush=True)
+            stepper = None
+    if args.authors:
+        try:
+            row["authors"] = authors_ms(args.authors, task, device, args)
+        except Exception as err:
+            row["authors"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        print(f"  {task} authors: {row['authors']}", flush=True)
+    return row
+
+
+def authors_ms(folder: str, task: str, device: torch.device, args) -> float | str:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from authors_looped import authors_available, authors_step_ms
+    except ImportError as err:
+        return f"not run: {err}"
+    path = Path(folder) / "looped-tf"
+    why = authors_available(path)
+    if why:
+        return f"not run: {why}"
+    return authors_step_ms(path, task=task, device=device.type, steps=args.steps, warmup=args.warmup,
+                           length=assembly.load(LOOPED[task]).task.train_max)
+
+
+def worker(args) -> None:
+    """One of several processes: wait for the go file, then train for --seconds; print steps done."""
+    device = pick_device(args.device)
+    run = load(LOOPED["parity"], device, SMALL)
+    stepper = Stepper(run, device, device.type == "cuda", False, seed=args.worker_seed)
+    for _ in range(args.warmup + 2):
+        stepper()
+    sync(device)
+    Path(args.worker_ready).write_text("ready")
+    while not Path(args.worker_go).exists():
+        time.sleep(0.01)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < args.seconds:
+        stepper()
+        steps += 1
+        if steps % 10 == 0:
+            sync(device)
+    sync(device)
+    print(json.dumps({"steps_per_s": steps / (time.perf_counter() - start)}))
+
+
+def several(procs: int, args) -> float:
+    """Steps per second of `procs` Parity trainings at once, all of them together."""
+    with tempfile.TemporaryDirectory() as tmp:
+        go = Path(tmp) / "go"
+        children = []
+        for i in range(procs):
+            ready = Path(tmp) / f"ready{i}"
+            cmd = [sys.executable, __file__, "--device", args.device, "--worker-seed", str(i), "--worker-ready",
+                   str(ready), "--worker-go", str(go), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+            children.append((ready, subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)))
+        while not all(ready.exists() or child.poll() is not None for ready, child in children):
+            time.sleep(0.05)
+        go.write_text("go")
+        rates = [json.loads(child.communicate()[0].strip().splitlines()[-1])["steps_per_s"]
+                 for _, child in children]
+    return sum(rates)
+
+
+def content_rows(device: torch.device, args) -> dict:
+    """ms per flip-flop step of each scheme, eager and (on CUDA) captured."""
+    row = {}
+    for scheme in ("rope", "tra", "cope", "fox"):
+        run = load(FLIPFLOP, device, SMALL_FLIPFLOP, [f"model.position={scheme}"]
+                   + (["model.position_options={theta = 500000.0}"] if scheme == "rope" else []))
+        for capture in (False, True) if device.type == "cuda" else (False,):
+            name = f"{scheme}{' captured' if capture else ''}"
+            try:
+                row[name] = ms_per_step(Stepper(run, device, capture, False), device, args.steps, args.warmup)
+                print(f"  flip-flop {name}: {row[name]:.1f} ms/step", flush=True)
+            except Exception as err:
+                print(f"  flip-flop {name}: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+    return row
+
+
+def table(results: dict, device_name: str) -> str:
+    lines = [f"device: {device_name}", "", "| looped step, paper preset | " + " | ".join(
+        k for k in ("eager", "captured", "compiled", "compiled+captured", "authors")) + " |", "|---" * 6 + "|"]
+    for task, row in results["looped"].items():
+        cells = [f"{row[k]:.1f} ms" if isinstance(row.get(k), float) else str(row.get(k, "–"))
+                 for k in ("eager", "captured", "compiled", "compiled+captured", "authors")]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    for task, row in results["looped"].items():
+        for name in ("eager", "captured"):
+            if f"{name}_busy" in row:
+                lines.append(f"{task} {name}: GPU busy {row[f'{name}_busy']:.0%} of the step, "
+                             f"{row[f'{name}_kernels']:.0f} kernels a step")
+        if "captured_graphs" in row:
+            lines.append(f"{task}: {row['captured_graphs']} CUDA graphs recorded")
+        for name in ("captured", "compiled", "compiled+captured", "authors"):
+            if isinstance(row.get(name), float) and isinstance(row.get("eager"), float):
+                lines.append(f"{task}: {name} {row['eager'] / row[name]:.2f}x the speed of eager")
+    for task, check in results.get("agreement", {}).items():
+        lines.append(f"{task}: eager and captured agree over {check['steps']} steps: losses within "
+                     f"{check['loss_rel']:.1e} relative, weights within {check['weight_rel']:.1e}")
+    if results.get("several"):
+        one = results["several"].get("1")
+        for procs, rate in results["several"].items():
+            lines.append(f"{procs} Parity run(s) at once: {rate:.0f} steps/s together"
+                         + (f", {rate / one:.2f}x one run" if one else ""))
+    content = results.get("content", {})
+    for name, ms in content.items():
+        base = content.get("rope captured" if name.endswith("captured") else "rope")
+        lines.append(f"flip-flop {name}: {ms:.1f} ms/step" + (f", {ms / base:.2f}x RoPE" if base else ""))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (graphs are recorded here)")
+    p.add_argument("--tasks", default="parity,addition")
+    p.add_argument("--procs", default="1,4", help="process counts for several runs per GPU ('' skips)")
+    p.add_argument("--seconds", type=float, default=8.0, help="how long each of several processes trains")
+    p.add_argument("--authors", help="folder holding looped-tf (benchmarks/authors_looped.py)")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled variants")
+    p.add_argument("--no-content", action="store_true", help="skip TRA, CoPE and FoX against RoPE")
+    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--worker-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--worker-ready", help=argparse.SUPPRESS)
+    p.add_argument("--worker-go", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.worker_ready:
+        worker(args)
+        return
+    device = pick_device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    started = time.perf_counter()
+    results = {"device": name, "torch": torch.__version__, "looped": {}, "agreement": {}}
+    tasks = [t for t in args.tasks.split(",") if t]
+    for task in tasks:
+        results["looped"][task] = looped_rows(task, device, args)
+    if device.type == "cuda":
+        for task in tasks:
+            try:
+                results["agreement"][task] = agreement(load(LOOPED[task], device, SMALL), device, 20)
+                print(f"  agreement {task}: {results['agreement'][task]}", flush=True)
+            except Exception as err:
+                print(f"  agreement {task}: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+    results["several"] = {}
+    for procs in [p_ for p_ in args.procs.split(",") if p_]:
+        try:
+            results["several"][procs] = several(int(procs), args)
+            print(f"  {procs} processes: {results['several'][procs]:.1f} steps/s together", flush=True)
+        except Exception as err:
+            print(f"  {procs} processes: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+    if not args.no_content:
+        results["content"] = content_rows(device, args)
+    results["seconds"] = time.perf_counter() - started
+    print(table(results, name))
+    print(f"benchmark took {results['seconds']:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

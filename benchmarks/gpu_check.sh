@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU check, one command on a machine with one GPU and a source checkout (torch with CUDA,
+# numpy, tqdm, safetensors; no install needed). Writes everything under $OUT (default ./gpu-check):
+#   part "bench":  a tiny captured training run through the CLI against an eager one (same losses,
+#                  the graphs it recorded, a checkpoint that resumes), then benchmarks/gpu.py
+#                  (at most about 6 minutes; with the authors' code where .authors holds it)
+#   part "paper":  the looped Parity paper preset trained for SECONDS seconds (default 270), its
+#                  checkpoints kept (train --resume continues it), then evaluated at lengths 20 and
+#                  40 with the oracle stop
+#
+#     bash benchmarks/gpu_check.sh bench|paper|all [SECONDS]
+set -u
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+tiny=(--set method=looped --set task.name=parity --set task.train_max=8 --set model.d_model=64 --set model.n_head=4
+      --set model.n_layer=1 --set train.steps=300 --set train.batch_size=32 --set train.log_interval=50
+      --set train.checkpoint_interval=200 --set train.device=cuda --set train.curriculum_start=2
+      --set train.curriculum_interval=30 --set train.schedule=curriculum_cosine --set train.cosine_start=200
+      --set eval.lengths=8,12 --set eval.samples=256)
+
+if [ "$1" = bench ] || [ "$1" = all ]; then
+  for capture in true false; do
+    timeout 90 python3 -m lengthgen train "${tiny[@]}" --set train.capture=$capture --out "$OUT/tiny-$capture" --no-progress \
+      2> "$OUT/tiny-$capture.err" || tail -3 "$OUT/tiny-$capture.err"
+  done
+  python3 - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+rows = {c: [json.loads(l) for l in (Path(sys.argv[1]) / f"tiny-{c}/metrics.jsonl").open()] for c in ("true", "false")}
+for a, b in zip(rows["true"], rows["false"]):
+    print(f"step {a['step']}: loss captured {a['loss']:.6f} eager {b['loss']:.6f} graphs {a.get('cuda_graphs')}")
+EOF
+  timeout 60 python3 -m lengthgen eval "$OUT/tiny-true" --no-progress 2>&1 | tail -4
+  # a checkpoint a recorded run wrote resumes (its optimizer state saved as an eager run reads it)
+  timeout -s INT 18 python3 -m lengthgen train "${tiny[@]}" --set train.steps=100000 --set train.checkpoint_interval=300 \
+    --out "$OUT/tiny-resume" --no-progress 2> /dev/null
+  timeout -s INT 12 python3 -m lengthgen train --resume --out "$OUT/tiny-resume" --no-progress 2>&1 | grep -v "it/s" | tail -2
+  tail -1 "$OUT/tiny-resume/metrics.jsonl"
+  authors=(); [ -d .authors/looped-tf ] && authors=(--authors .authors)
+  timeout "${BENCH_SECONDS:-360}" python3 benchmarks/gpu.py --json "$OUT/gpu.json" "${authors[@]}" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/gpu.txt"
+fi
+if [ "$1" = paper ] || [ "$1" = all ]; then
+  run="$OUT/parity-paper"
+  start=(experiments/looped/paper/parity.toml --set train.device=cuda --set train.checkpoint_interval=2000)
+  [ -d "$run/checkpoints" ] && start=(--resume)  # a later session continues the run it brought back
+  timeout -s INT "${2:-270}" python3 -m lengthgen train "${start[@]}" --out "$run" --no-progress 2> "$run.err"
+  echo "train exit $?"; grep -v "it/s" "$run.err" | tail -3
+  tail -2 "$run/metrics.jsonl"
+  python3 -m lengthgen eval "$run" --lengths 20,40 --samples 1024 --no-progress 2>&1 | tail -6
+fi

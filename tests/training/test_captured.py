@@ -1,0 +1,153 @@
+"""The captured training step (lengthgen.training.captured): on CPU, the padded fixed-shape loss
+it records equals today's packed loss, with its gradients, for every method it records; its
+optimizer bookkeeping round-trips. On CUDA (skipped elsewhere), a recorded run follows an eager one."""
+
+import pytest
+import torch
+
+from lengthgen import assembly
+from lengthgen.methods.registry import METHODS
+from lengthgen.runtime.checkpoint import portable_state
+from lengthgen.tasks.base import sample_mixed
+from lengthgen.training.captured import (WIDTH_MULTIPLE, capture_refusal, padded, restore, shape_of,
+                                         snapshot)
+
+TASK_OF = {"ppc": ["task.name=decimal_addition", "task.options.coupled=true"]}
+SIZE = ["model.d_model=32", "model.n_head=2", "model.n_layer=1", "task.train_max=6", "train.device=cpu"]
+
+
+def built(method: str, *extra: str):
+    run = assembly.assemble(None, [f"method={method}", *TASK_OF.get(method, ["task.name=addition"]), *SIZE, *extra])
+    torch.manual_seed(0)
+    return run, run.method.build_model(run.cfg, run.task)
+
+
+def loss_and_grads(loss_of, model):
+    model.zero_grad(set_to_none=True)
+    loss = loss_of()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def assert_same(a, b):
+    assert torch.allclose(a[0], b[0], atol=1e-6, rtol=1e-5), (a[0], b[0])
+    assert len(a[1]) == len(b[1]) > 0
+    for x, y in zip(a[1], b[1]):
+        assert torch.allclose(x, y, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, m in METHODS.items() if m.capturable))
+@pytest.mark.parametrize("position", ["nope", "rope", "alibi", "tra"])
+def test_padded_fixed_shape_loss_is_the_packed_loss(name, position):
+    """Extra columns and extra loop iterations change neither the loss nor any gradient."""
+    if name == "ppc" and position in ("alibi", "tra"):
+        pytest.skip("ppc decodes with a KV cache, which these schemes cannot use")
+    run, model = built(name, f"model.position={'learned' if name == 'ppc' else position}")
+    batch = sample_mixed(run.task, 9, 1, 6, torch.Generator().manual_seed(3))
+    width, iterations, _ = shape_of(run.method, batch)
+    wider = padded(batch, width + 5)
+    assert wider.inputs.shape[1] == width + 5 and batch.inputs.shape[1] == width
+    packed = loss_and_grads(lambda: run.method.loss(model, batch), model)
+    fixed = loss_and_grads(lambda: run.method.fixed_shape_loss(model, wider, iterations + 2), model)
+    assert_same(packed, fixed)
+
+
+def test_looped_iterations_are_the_largest_t():
+    run, _ = built("looped")
+    batch = run.task.sample(4, torch.tensor([1, 5, 3, 2]), torch.Generator().manual_seed(0))
+    assert run.method.iterations(batch) == int(batch.n_steps.max()) > 1
+    assert METHODS["ntp"]().iterations(batch) == 0
+
+
+def test_too_few_iterations_change_the_loss():
+    """The test above can fail: a loop count below the batch's largest T_i gives another loss."""
+    run, model = built("looped")
+    batch = run.task.sample(4, torch.tensor([1, 5, 3, 2]), torch.Generator().manual_seed(0))
+    full = run.method.fixed_shape_loss(model, batch, run.method.iterations(batch))
+    short = run.method.fixed_shape_loss(model, batch, run.method.iterations(batch) - 1)
+    assert not torch.allclose(full, short)
+
+
+def test_padding_fills_every_field():
+    run, _ = built("ppc")
+    batch = run.task.sample(3, 4, torch.Generator().manual_seed(0))
+    grown = padded(batch, batch.inputs.shape[1] + 3)
+    from lengthgen.tasks import IGNORE, PAD
+    assert (grown.inputs[:, -3:] == PAD).all() and (grown.targets[:, -3:] == IGNORE).all()
+    assert (grown.target_ids[:, -3:] == IGNORE).all()
+    assert torch.equal(grown.inputs[:, :-3], batch.inputs) and torch.equal(grown.targets[:, :-3], batch.targets)
+    assert WIDTH_MULTIPLE >= 1
+
+
+def test_methods_that_cannot_be_recorded_say_why():
+    for name in ("looped-halt", "looped-clock", "looped-uncertain", "ntp-pause"):
+        assert capture_refusal(METHODS[name](), 1, 1, torch.device("cuda")), name
+    assert capture_refusal(METHODS["looped"](), 1, 1, torch.device("cuda")) is None
+    assert "data-parallel" in capture_refusal(METHODS["looped"](), 2, 2, torch.device("cuda"))
+
+
+def adamw(model, **kw):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, **kw)
+
+
+def test_snapshot_restore_puts_weights_and_state_back():
+    _, model = built("ntp")
+    opt = adamw(model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()  # state exists before the snapshot
+    before = [p.detach().clone() for p in model.parameters()]
+    state_before = {k: v.clone() for k, v in opt.state[next(model.parameters())].items()}
+    kept = snapshot(model, opt)
+    opt.step()
+    assert not torch.equal(next(model.parameters()), before[0])
+    restore(model, opt, kept)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    for k, v in opt.state[next(model.parameters())].items():
+        assert torch.equal(v, state_before[k]), k
+
+
+def test_restore_zeroes_state_made_after_the_snapshot():
+    _, model = built("ntp")
+    opt = adamw(model)
+    kept = snapshot(model, opt)  # a fresh optimizer: no state yet
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    restore(model, opt, kept)
+    slots = opt.state[next(model.parameters())]
+    assert float(slots["step"]) == 0 and not slots["exp_avg"].any() and not slots["exp_avg_sq"].any()
+
+
+def test_portable_state_is_plain_and_leaves_the_optimizer_alone():
+    _, model = built("ntp")
+    opt = adamw(model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    for group in opt.param_groups:  # as a recorded run holds them
+        group["capturable"], group["lr"] = True, torch.tensor(0.5)
+    saved = portable_state(opt)
+    assert all(g["lr"] == 0.5 and isinstance(g["lr"], float) and not g["capturable"] for g in saved["param_groups"])
+    assert all(isinstance(g["lr"], torch.Tensor) and g["capturable"] for g in opt.param_groups)
+    fresh = adamw(model)
+    fresh.load_state_dict(saved)  # an eager CPU run reads it and steps
+    fresh.step()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("method", ["looped", "ntp"])
+def test_recorded_run_follows_the_eager_run(tmp_path, method):
+    from lengthgen.training.trainer import train
+    common = [f"method={method}", "task.name=parity", "task.train_max=6", "model.d_model=32", "model.n_head=2",
+              "model.n_layer=1", "train.steps=30", "train.batch_size=16", "train.device=cuda",
+              "train.log_interval=10", "train.checkpoint_interval=100"]
+    losses = {}
+    for capture in ("true", "false"):
+        out = tmp_path / capture
+        train(assembly.load(None, [*common, f"train.capture={capture}"]), out, progress=False)
+        losses[capture] = [__import__("json").loads(line)["loss"] for line in (out / "metrics.jsonl").open()]
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-3)
