@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from lengthgen.model.attention import EAGER_IN_COMPILED_BLOCKS
+from lengthgen.model import narrow_attention
 from lengthgen.model.narrow_attention import cache_folder
 
 
@@ -41,9 +42,21 @@ def compilable(model: nn.Module) -> str | None:
     return None
 
 
+def slower_compiled(model: nn.Module, device: torch.device) -> str | None:
+    """Why compiling would slow this model's steps down, or None. On one CPU thread, heads at most
+    8 wide run lengthgen's narrow-head attention kernel, a C call that a compiled block cannot
+    make (it traces SDPA instead): the looped Parity presets' steps were 0.80-0.97x eager compiled
+    (docs/benchmarks.md, "Compiled blocks")."""
+    head = model.cfg.d_model // model.cfg.n_head
+    if (device.type == "cpu" and narrow_attention.enabled and head <= narrow_attention.MAX_HEAD_WIDTH
+            and torch.get_num_threads() == 1 and narrow_attention.library() is not None):
+        return f"heads {head} wide on one CPU thread run the narrow-head attention kernel, faster eagerly"
+    return None
+
+
 def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.compile") -> bool:
-    """Compile each block of `model` in place; False, with a note, where it cannot be."""
-    reason = compilable(model)
+    """Compile each block of `model` in place; False, with a note, where it cannot be or would be slower."""
+    reason = compilable(model) or slower_compiled(model, device)
     if reason:
         print(f"lengthgen: note: {what} is off for this run: {reason}", file=sys.stderr)
         return False

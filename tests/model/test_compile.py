@@ -39,6 +39,27 @@ def run(folder, *sets: str) -> tuple[list[dict], list[dict]]:
     return rows, evaluate_run(folder, [2, 4], 32, progress=False)
 
 
+@pytest.fixture(autouse=True)
+def without_narrow_kernel(monkeypatch):
+    """Heads this narrow on one thread would take the narrow-head kernel and not compile
+    (compiling.slower_compiled); these tests are about the compiled path."""
+    from lengthgen.model import narrow_attention
+    monkeypatch.setattr(narrow_attention, "enabled", False)
+
+
+def test_narrow_heads_on_one_thread_stay_eager(monkeypatch, capsys):
+    from lengthgen.model import compiling, narrow_attention
+    monkeypatch.setattr(narrow_attention, "enabled", True)
+    monkeypatch.setattr(narrow_attention, "library", lambda: object())  # as where a C compiler built it
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    cfg = assembly.load(None, TINY + PATHS["looped"])
+    model = get_method("looped").build_model(cfg, task_of(cfg.task))
+    assert not compiling.compile_blocks(model, torch.device("cpu"))
+    assert "narrow-head attention kernel" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # SDPA either way: compiled
+    assert compiling.slower_compiled(model, torch.device("cpu")) is None
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_compiled_blocks_train_and_evaluate_as_eager_ones(tmp_path, path):
     torch._dynamo.reset()
