@@ -1,4 +1,4 @@
-"""`lengthgen tasks|train|eval|report|reproduce`.
+"""`lengthgen tasks|train|eval|report|reproduce|export`.
 
 Bad input (unknown key, wrong type, impossible value, missing file, corrupt
 checkpoint, existing run folder) is one line on stderr and exit code 2,
@@ -236,7 +236,9 @@ def check_reproduce_flags(args) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lengthgen", description="Train on short inputs, test on long ones.")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (add_setup_commands, add_eval_command, add_report_command, add_reproduce_command):
+    from lengthgen.export.command import add_export_command
+
+    for add in (add_setup_commands, add_eval_command, add_report_command, add_reproduce_command, add_export_command):
         add(sub)
     return p
 
@@ -269,7 +271,7 @@ def add_setup_commands(sub) -> None:
 
 def add_eval_command(sub) -> None:
     e = sub.add_parser("eval", help="accuracy vs length of a trained run -> RUN/eval.csv")
-    e.add_argument("run", help="run folder")
+    e.add_argument("run", help="run folder, or a folder of `lengthgen export`")
     e.add_argument("--lengths", help="e.g. 1:40, 10:50:10 or 8,16,32 (default: the run's eval.lengths)")
     e.add_argument("--samples", type=int, default=None,
                    help="test samples per length (default: the run's eval.samples; test tokens for the text task)")

@@ -29,7 +29,7 @@ from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION
 from lengthgen.methods.registry import Method
 from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import PositionTransform
-from lengthgen.runtime import checkpoint
+from lengthgen.runtime import checkpoint, exported
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
 from lengthgen.runtime.resources import batches_that_fit, is_out_of_memory, oom_detail
 from lengthgen.runtime.run_folders import check_eval_out, check_writable, rows_lock, run_lock
@@ -40,6 +40,9 @@ def latest_state(folder: Path) -> tuple[Path, dict, Run]:
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"run folder {folder} {path_problem(folder, 'folder')}")
+    if exported.is_export(folder):  # a folder of `lengthgen export`: the run's config is in its config.json
+        state = exported.exported_state(folder)
+        return folder, state, assemble_saved(state["config"], folder / "config.json")
     path = checkpoint.latest(folder)
     if path is None:
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
@@ -52,6 +55,9 @@ def load_assembled(folder: Path, device: torch.device | None = None, use_ema: bo
     path, state, run = latest_state(folder)
     device = device or pick_device(run.cfg.train.device)
     model = run.method.build_model(run.cfg, run.task)
+    if exported.is_export(path):
+        exported.load_exported_weights(model, path)
+        return run, model.to(device).eval(), state["step"]
     weights = path / "ema.safetensors"
     checkpoint.load_weights(model, weights if use_ema and weights.exists() else path / "model.safetensors",
                             state.get("sha256"))
