@@ -20,7 +20,9 @@ test_captured.py); an optimizer step replayed from a graph is the eager one with
 the recorded run follows the eager one. Dropout draws differ (the graph's philox offsets).
 
 What cannot be recorded runs eagerly, with a one-line note: a method whose loss reads shapes
-on the host (`Method.capturable`), data-parallel runs, and any step whose recording fails.
+on the host (`Method.capturable`: ntp-pause, tape-rnn), data-parallel runs, and any step whose
+recording fails. The trained stops' losses on every iteration have fixed-shape forms of their
+own (lengthgen.methods.looped.fixed_steps).
 """
 from __future__ import annotations
 

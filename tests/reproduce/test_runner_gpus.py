@@ -37,7 +37,7 @@ class FakeJob:
 
 def test_eager_runs_anywhere_in_the_grid_take_eager_workers():
     assert runner.all_captured([FakeJob("auto"), FakeJob("auto", "ntp")])
-    assert not runner.all_captured([FakeJob("auto"), FakeJob("auto", "looped-halt")])
+    assert not runner.all_captured([FakeJob("auto"), FakeJob("auto", "ntp-pause")])
     assert not runner.all_captured([FakeJob("auto", capture=False)])
     assert not runner.all_captured([FakeJob("auto", shards=2)])
 

@@ -116,8 +116,10 @@ def _packing(scheme: str) -> bool:
     return scheme == "prefix"
 
 
-def _logits_max(model: LoopedTransformer, batch: Batch, iterations: int | None = None) -> Tensor:
-    """Every row run `iterations` times (default the batch's largest T_i), each read at its own T_i."""
+def _logits_max(model: LoopedTransformer, batch: Batch, iterations: int | None = None,
+                states: list | None = None) -> Tensor:
+    """Every row run `iterations` times (default the batch's largest T_i), each read at its own T_i;
+    `states`, if a list, gets the (B, L, D) states after every iteration."""
     inputs = batch.blank_answers().inputs
     steps = per_sample_steps(batch)
     h, e, pos = model.start(inputs, batch.position_ids)
@@ -125,6 +127,8 @@ def _logits_max(model: LoopedTransformer, batch: Batch, iterations: int | None =
     for t in range(1, (iterations or int(steps.max())) + 1):
         h = model.step(h, e, pos)
         picked = torch.where((steps == t)[:, None, None], h, picked)
+        if states is not None:
+            states.append(h)
     return model.read(picked)
 
 
@@ -180,11 +184,15 @@ def _logits_prefix(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
     return logits[torch.argsort(order)]  # (B, L, V) in batch order
 
 
-def fixed_shape_loss(model: LoopedTransformer, batch: Batch, iterations: int) -> Tensor:
+def fixed_shape_loss(model: LoopedTransformer, batch: Batch, iterations: int, step_loss=None) -> Tensor:
     """The "max" scheme's loss with every row run `iterations` (>= the batch's largest T_i) times:
-    shapes and loop count fixed, no host sync, so a CUDA graph can hold it (lengthgen.training.captured)."""
-    logits = _logits_max(model, batch, iterations)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+    shapes and loop count fixed, no host sync, so a CUDA graph can hold it (lengthgen.training.captured).
+    `step_loss(model, batch, states)` adds a loss on the states of every iteration
+    (lengthgen.methods.looped.fixed_steps)."""
+    states = [] if step_loss is not None else None
+    logits = _logits_max(model, batch, iterations, states)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
+    return loss if step_loss is None else loss + step_loss(model, batch, states)
 
 
 def looped_loss(model: LoopedTransformer, batch: Batch, scheme: str = "prefix", step_loss=None) -> Tensor:
