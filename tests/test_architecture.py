@@ -31,6 +31,7 @@ LAYERS = [
     ["lengthgen.assembly"],  # a run assembled: its config checked against every registry once, its parts built once
     ["lengthgen.training"],  # its hooks (tests during training) are handed in by its caller
     ["lengthgen.evaluation"],
+    ["lengthgen.export"],  # a finished run as a Hugging Face folder; reading one back is runtime's (exported.py)
     ["lengthgen.reporting"],
     ["lengthgen.reproduce"],
     ["lengthgen.cli", "lengthgen.__main__"],
@@ -174,7 +175,8 @@ def test_every_module_is_in_a_layer():
     assert "lengthgen.assembly" in graph["lengthgen.training.trainer"]  # the parser sees the imports
     assert graph["lengthgen.config.schema"] <= {"lengthgen.errors"}  # the schema is plain data, at the bottom
     config = {t for m, targets in graph.items() if m.startswith("lengthgen.config.") for t in targets}
-    assert config <= {"lengthgen.errors", "lengthgen.config.schema", "lengthgen.config.schedules"}  # no registry
+    assert config <= {"lengthgen.errors", "lengthgen.config.schema", "lengthgen.config.schedules",
+                      "lengthgen.config.dependence"}  # no registry
     assert [m for m in graph if layer(m) is None and m.count(".") > 0 and graph[m]] == []
 
 

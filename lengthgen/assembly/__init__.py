@@ -67,6 +67,10 @@ def checked(cfg: Config) -> Run:
     task = checked_task(cfg)
     method = get_method(cfg.method, cfg)
     check_stops(cfg, method)
+    check(cfg.model.causal or method.bidirectional,
+          f"model.causal = false (bidirectional attention) needs a method that reads whole answers from blank slots "
+          f"without decoding (one with the bidirectional capability: {', '.join(bidirectional_methods())}); "
+          f"method {cfg.method} would see the tokens it predicts")
     scheme = checked_scheme(cfg)
     check_sweep(cfg, task)
     check_token_reading(cfg, method, scheme)
@@ -74,6 +78,10 @@ def checked(cfg: Config) -> Run:
     run = Run(cfg, task, method, scheme, transform)
     check_position_range(run)
     return run
+
+
+def bidirectional_methods() -> list[str]:
+    return [name for name, cls in METHODS.items() if cls.bidirectional]
 
 
 def check_names(cfg: Config) -> None:
@@ -129,6 +137,10 @@ def checked_scheme(cfg: Config) -> type:
     m = cfg.model
     scheme = SCHEMES[m.position]
     rule(lambda: scheme.check(m))
+    check(m.causal or scheme.bidirectional,
+          f"model.causal = false (bidirectional attention) needs a scheme that can attend both ways; model.position "
+          f"{m.position} is defined on past keys only (use "
+          f"{', '.join(name for name, s in SCHEMES.items() if s.bidirectional)})")
     check_options("model.position_options", m.position_options, scheme, m.position, skip=("cfg",))
     if m.position_options:  # a scheme checks its own option values when built
         built("model.position_options", lambda: scheme(m, **m.position_options))

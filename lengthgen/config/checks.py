@@ -11,7 +11,8 @@ from dataclasses import fields
 
 from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, LENGTH_SAMPLING,
                                      LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS,
-                                     PRECISIONS, Config, Dependence, _hint, parse_lengths)
+                                     PRECISIONS, Config, _hint, parse_lengths)
+from lengthgen.config.dependence import Dependence
 from lengthgen.config.schedules import SCHEDULES
 from lengthgen.errors import ConfigError
 
@@ -177,7 +178,7 @@ def check_finite_set(cfg: Config) -> None:
 
 def check_token_eval(cfg: Config) -> None:
     """eval.token_*: distinct contexts within the longest length; eval.dependence: two contexts at
-    least, options of lengthgen.config.schema.Dependence. (Which method and table can read them is
+    least, options of lengthgen.config.dependence.Dependence. (Which method and table can read them is
     the assembled run's check.)"""
     ev = cfg.eval
     contexts = ev.token_contexts

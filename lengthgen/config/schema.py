@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import math
 import re
 import sys
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -46,13 +45,13 @@ class ModelConfig:
     position_options: dict = field(default_factory=dict)  # the scheme's own settings, e.g. {theta = 500000.0} for rope
     max_positions: int = 2048  # table size of learned / sinusoidal positions
     norm: str = "layernorm"  # layernorm or rmsnorm, in every block and before the read-out
-    # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new), swiglu, or gated-gelu (T5's: gelu_new gate units times
-    # linear units)
+    # gelu (exact erf form), gelu-tanh (GPT-2's gelu_new), relu, swiglu, or gated-gelu (T5's: gelu_new gate units
+    # times linear units)
     mlp: str = "gelu"
     bias: bool = True  # biases in the blocks' linear layers (q/k/v, attention output, MLP)
     qkv_bias: bool = True  # with bias: in the q/k/v projections too (false: the TRA notebook's bias-free q, k, v)
-    # pre-norm (x + f(norm(x))), norm-before-add (x = norm(x); x + f(x)) or pre-and-post-norm
-    # (x = norm'(x + f(norm(x))), Cho et al.'s T5 block: a norm before each sublayer and one after its residual add)
+    # pre-norm (x + f(norm(x))), norm-before-add (x = norm(x); x + f(x)), post-norm (x = norm(x + f(x)), the original
+    # Transformer's and Delétang et al.'s) or pre-and-post-norm (x = norm'(x + f(norm(x))), Cho et al.'s T5 block)
     residual: str = "pre-norm"
     attn_scale: bool = True  # divide q . k by sqrt(head width); false: T5's unscaled logits (its init shrinks q)
     dropout: float = 0.0  # dropout on the embedding, attention output and MLP output (the residual stream)
@@ -72,6 +71,9 @@ class ModelConfig:
     embed_bias: bool = False  # a learned vector added to every token's embedding (a linear read-in of one-hot tokens)
     head_bias: bool = False  # a bias in the read-out (lm_head)
     scaled_head: bool = False  # the final hidden state times d_model^-1/2 before the read-out (T5's tied read-out)
+    # causal self-attention (a decoder); false: bidirectional, every column attends to every column of its row
+    # (an encoder, as Delétang et al.'s; only methods and schemes that can be bidirectional accept it)
+    causal: bool = True
 
 
 @dataclass
@@ -186,40 +188,6 @@ MAX_SEEDS = 1000
 RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to", "train.capture"}  # how a run executes, not what it computes
 # set per run by a grid (--seeds, --threads): a --set of these would be overridden
 PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
-RANKS = ("attention", "leave_one_out")  # how the dependence measurement ranks far tokens
-
-
-@dataclass
-class Dependence:
-    """The settings of the dependence measurement (eval.dependence_options, lengthgen.evaluation.dependence):
-    its keywords are the options."""
-
-    tau: float = 0.1  # nats: T* holds the tokens whose long-context benefit D(t) exceeds tau
-    top_p: float = 10.0  # percent: also flag the top_p % of scored tokens by D (0 = off); D > 0 always
-    epsilon: float = 0.1  # k(t) recovers at least (1 - epsilon) of D(t)
-    rank: str = "attention"  # how far tokens are ranked: attention (one pass) or leave_one_out (full - near passes)
-    max_tokens: int = 0  # search k for at most this many tokens of T*, evenly spaced over it (0 = all)
-    random_baseline: bool = True  # also search k with the far tokens in a random order (k_random; -1 when off)
-
-    def __post_init__(self):
-        for key in ("tau", "top_p", "epsilon"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{key} must be a finite number, got {value!r}")
-        if self.tau < 0:
-            raise ValueError(f"tau must be >= 0 (nats), got {self.tau}")
-        if not 0 <= self.top_p <= 100:
-            raise ValueError(f"top_p must be a percentage in [0, 100], got {self.top_p}")
-        if not 0 <= self.epsilon < 1:
-            raise ValueError(f"epsilon must be in [0, 1), got {self.epsilon}")
-        if self.rank not in RANKS:
-            raise ValueError(f"rank {self.rank!r} is unknown; choose from {', '.join(RANKS)}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
-        if not isinstance(self.random_baseline, bool):
-            raise ValueError(f"random_baseline must be true or false, got {self.random_baseline!r}")
-
-
 def _hint(key: str, options) -> str:
     close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
     return f" (did you mean {close[0]}?)" if close else ""

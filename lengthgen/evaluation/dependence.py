@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lengthgen.config.schema import Dependence
+from lengthgen.config.dependence import Dependence
 from lengthgen.evaluation.language_model import ablated_losses, documents
 from lengthgen.model.attention import recording
 from lengthgen.results.token_files import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, write_cost, write_dependence, write_token_losses

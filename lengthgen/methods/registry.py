@@ -23,6 +23,9 @@ pause tokens between question and answer, see `pause_batch`).
 
 `ppc` is Predictive Position Coupling (Golowich et al., ICML 2025): ntp that also
 predicts each next token's coupled position ID, decoded greedily with those IDs.
+
+`rnn`, `lstm`, `stack-rnn`, `tape-rnn` are Delétang et al.'s recurrent baselines
+(lengthgen.methods.recurrent); the `Method` base they share with these is lengthgen.methods.base.
 """
 from __future__ import annotations
 
@@ -31,116 +34,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lengthgen.config.schema import Config
+from lengthgen.methods.base import Method
+from lengthgen.methods.encoder import Encoder
 from lengthgen.methods.looped.block import (LoopedTransformer, fixed_shape_loss, looped_loss, oracle_logits,
                                            per_sample_steps)
 from lengthgen.methods.looped.halting import (Clock, HaltingLooped, HaltProbe, clock_loss, fit_probe_on_lengths,
                                               halt_loss, uncertain_loss)
+from lengthgen.methods.looped import fixed_steps
 from lengthgen.methods.looped.stop_passes import confidence_precision
 from lengthgen.methods.looped.stop_rules import parse_rule, predict_stop, read_out
+from lengthgen.methods.recurrent import LSTMMethod, RNNMethod, StackRNNMethod, TapeRNNMethod
 from lengthgen.model.positions import SCHEMES
 from lengthgen.model.transformer import Transformer
-from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task, measure
-
-
-class Method:
-    """What callers may ask of a method instead of comparing names:
-    `has_stop_rules`: `predict_stop(model, batch, rule)` reads out a looped model under a
-    rule of lengthgen.methods.looped.stop_rules, and `--stop` / `--per-step` apply;
-    `stops(texts)` / `read_out(model, batch, task, stops, per_step)`: the read-outs evaluation
-    labels its rows by, and their metrics on a batch (with the per-iteration curve of a method
-    with stop rules): evaluation asks these, and knows no stop rule;
-    `accepts_position_ids`: the model reads `Batch.position_ids` (task or transform IDs);
-    `has_halt_head`: the model has a halting head that the `halt` rule reads;
-    `needs_answer_region`: the method works on one answer after the question (whole-answer
-    prediction, pause tokens), so tasks scored inside the sequence (Task.answer_region
-    False, e.g. flip-flop) do not suit it;
-    `needs_target_ids`: the method learns the next token's position ID (`Batch.target_ids`),
-    so the task must supply coupled IDs;
-    `model_batch(batch)`: the batch as the model reads it (for sizing position tables);
-    `finish(model, cfg, task, device)`: work on the trained model before its last checkpoint;
-    `metric_names` / `metrics(model, batch)`: the method's own evaluation metrics, per sample;
-    `capturable`: `fixed_shape_loss(model, batch, iterations)` is the loss with no host sync, of
-    a batch padded to a fixed width and run `iterations(batch)` or more loop iterations, which
-    a CUDA graph can record (lengthgen.training.captured)."""
-
-    name = ""
-    has_stop_rules = False
-    has_halt_head = False  # the model has a trained halting head (the `halt` stop rule)
-    accepts_position_ids = True
-    needs_answer_region = False
-    needs_target_ids = False
-    capturable = True
-    metric_names: tuple[str, ...] = ()
-
-    def __init__(self, cfg: Config | None = None):
-        """A method holds its own settings, read from the config it trains (defaults without one)."""
-
-    @classmethod
-    def check(cls, cfg: Config, task: Task, transform: type, scheme: type) -> None:
-        """ValueError (naming the key) if this method cannot run the config's task, position
-        transform and positional scheme (classes); methods add their own rules."""
-        if cls.needs_answer_region and not task.answer_region:
-            raise ValueError(f"method {cfg.method} predicts one answer after the question; {task.name} is scored "
-                             "inside the sequence (use a next-token method such as ntp)")
-        if transform.changes_ids and not cls.accepts_position_ids:
-            raise ValueError(f"train.position_transform {transform.name!r} needs a method that reads position IDs; "
-                             f"{cfg.method} lays out its own")
-
-    def metrics(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
-        """{name: (B,) float} for every name in `metric_names`."""
-        return {}
-
-    def stops(self, texts: list[str] | None = None) -> list[str | None]:
-        """The read-outs evaluation labels its rows by: [None], the method's own prediction. A
-        method without stop rules ignores `texts` (the CLI and the grid refuse them)."""
-        return [None]
-
-    def read_out(self, model: nn.Module, batch: Batch, task: Task, stops: list[str | None],
-                 per_step: bool = False) -> tuple[list[tuple[dict[str, Tensor], Tensor | None]], dict[str, Tensor] | None]:
-        """Each read-out of `stops` (`stops()`) on one batch: ({metric: (B,)}, the iteration each
-        sample was read out at (B,), None without iterations); and with `per_step` the batch's
-        curve {column: (T,) sum over its samples after each iteration}, None for a method
-        without stop rules."""
-        values = self.values(model, batch, task, self.predict(model, batch))
-        return [(values, None) for _ in stops], None
-
-    def values(self, model: nn.Module, batch: Batch, task: Task, pred: Tensor) -> dict[str, Tensor]:
-        """Every metric of the prediction `pred` (B, L), per sample: the task's (`tasks.measure`)
-        and the method's own (`metrics`)."""
-        return {**measure(task, pred, batch), **self.metrics(model, batch)}
-
-    def build_model(self, cfg: Config, task: Task) -> nn.Module:
-        return Transformer(cfg.model, task.vocab_size)
-
-    def model_batch(self, batch: Batch) -> Batch:
-        return batch
-
-    def finish(self, model: nn.Module, cfg: Config, task: Task, device: torch.device) -> None:
-        """Called once when training ends, before the last checkpoint is written."""
-
-    def logits(self, model: nn.Module, batch: Batch) -> Tensor:  # (B, L, V)
-        raise NotImplementedError
-
-    def last_logits(self, model: nn.Module, batch: Batch, last: Tensor) -> Tensor:  # (B, V)
-        """The logits at column last[b] of each row: a per-token measurement scores one position per
-        row (lengthgen.evaluation.language_model). A method that can skip the read-out elsewhere overrides it."""
-        return self.logits(model, batch)[torch.arange(len(last), device=last.device), last]
-
-    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
-        logits = self.logits(model, batch)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE)
-
-    def iterations(self, batch: Batch) -> int:
-        """Loop iterations a batch (on the CPU) needs; 0 for a method without a loop."""
-        return 0
-
-    def fixed_shape_loss(self, model: nn.Module, batch: Batch, iterations: int) -> Tensor:
-        return self.loss(model, batch)
-
-    @torch.no_grad()
-    def predict(self, model: nn.Module, batch: Batch) -> Tensor:
-        """(B, L) predicted token at every position; only scored ones count."""
-        return self.logits(model, batch).argmax(-1)
+from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, Task
 
 
 class NextTokenPrediction(Method):
@@ -203,8 +109,9 @@ class Looped(Method):
 
 
 class StoppingLoss(Looped):
-    """A looped method with a stopping loss on every iteration, weighted by train.halt_loss_weight."""
-    capturable = False  # the loss on every iteration reads which rows still run on the host
+    """A looped method with a stopping loss on every iteration, weighted by train.halt_loss_weight;
+    `fixed_step_loss`: the same loss at fixed shapes (lengthgen.methods.looped.fixed_steps)."""
+    fixed_step_loss = None
 
     def __init__(self, cfg=None):
         super().__init__(cfg)
@@ -212,6 +119,9 @@ class StoppingLoss(Looped):
 
     def weighted(self, stopping_loss):
         return lambda *args: self.halt_loss_weight * stopping_loss(*args)
+
+    def fixed_shape_loss(self, model, batch, iterations):
+        return fixed_shape_loss(model, batch, iterations, self.weighted(type(self).fixed_step_loss))
 
 
 class LoopedNoInjection(Looped):
@@ -223,6 +133,7 @@ class LoopedHalt(StoppingLoss):
     """The looped model with a halting head trained on every iteration (lengthgen.methods.looped.halting);
     the `halt` stop rule reads it."""
     name = "looped-halt"
+    fixed_step_loss = fixed_steps.halt_loss
     has_halt_head = True
 
     def build_model(self, cfg, task):
@@ -236,6 +147,7 @@ class LoopedClock(StoppingLoss):
     """The looped model with a clock trained on every iteration to read the phase pi t / T(n)
     (lengthgen.methods.looped.halting.clock_loss); the `halt` stop rule stops where the clock implies t = T."""
     name = "looped-clock"
+    fixed_step_loss = fixed_steps.clock_loss
     has_halt_head = True
 
     def build_model(self, cfg, task):
@@ -269,6 +181,7 @@ class LoopedUncertain(StoppingLoss):
     """The looped model trained to be unconfident before T(n) (lengthgen.methods.looped.halting); the
     `first-confident` stop rule reads it."""
     name = "looped-uncertain"
+    fixed_step_loss = fixed_steps.uncertain_loss
 
     def loss(self, model, batch):
         return looped_loss(model, batch, self.loss_scheme, self.weighted(uncertain_loss))
@@ -417,7 +330,10 @@ METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped
                                     "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe,
                                     "looped-uncertain": LoopedUncertain, "looped-clock": LoopedClock,
                                     "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
-                                    "ppc": PredictivePositionCoupling}
+                                    "ppc": PredictivePositionCoupling, "encoder": Encoder,
+                                    # Delétang et al.'s recurrent and memory-augmented baselines
+                                    "rnn": RNNMethod, "lstm": LSTMMethod, "stack-rnn": StackRNNMethod,
+                                    "tape-rnn": TapeRNNMethod}
 
 
 def get_method(name: str, cfg: Config | None = None) -> Method:

@@ -1,4 +1,6 @@
-"""Causal self-attention with three paths, chosen by the positional scheme.
+"""Self-attention with three paths, chosen by the positional scheme: causal, or bidirectional
+with model.causal = false (an encoder: no mask at all; the schemes that cannot attend both ways,
+and the KV cache, are refused before a run starts).
 
 - fast:    no logit hook -> F.scaled_dot_product_attention(is_causal=True), so
            flash / memory-efficient kernels apply (NoPE, learned, sinusoidal, RoPE).
@@ -82,14 +84,25 @@ def masked_softmax(logits: Tensor) -> Tensor:
     return att.masked_fill(dead, 0.0)
 
 
-def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDropout = NO_DROPOUT) -> Tensor:
+def no_mask(T: int, device=None, dtype=torch.float32) -> Tensor:
+    """(T, T) zeros: the additive mask of bidirectional attention."""
+    return torch.zeros(T, T, device=device, dtype=dtype)
+
+
+def mask_of(causal: bool):
+    """causal_mask, or no_mask for bidirectional attention."""
+    return causal_mask if causal else no_mask
+
+
+def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDropout = NO_DROPOUT,
+                          causal: bool = True) -> Tensor:
     """Causal softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) inputs, as SDPA
     with is_causal=True, but with plain batched matmuls and a float32 softmax.
 
     The scale and the causal mask ride along in the logits matmul (baddbmm:
     mask + scale * q k^T), and the softmax casts inside its own kernel: three
     separate passes over the (B, H, T, T) logits (scale, mask, cast) cost a
-    Parity bf16 step about as much as its attention matmuls.
+    Parity bf16 step about as much as its attention matmuls. `causal` false: no mask (an encoder).
 
     Precision: in bf16 the scores leave the matmul rounded to bf16 (8 bits of
     mantissa) before the float32 softmax, where SDPA keeps them in float32.
@@ -98,7 +111,7 @@ def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDro
     bf16 was unchanged (docs/results.md, "Parity in bf16"). torch has no
     bf16-in, float32-out batched matmul on CPU to avoid it at no cost."""
     B, H, T, Dh = q.shape
-    mask = causal_mask(T, q.device, q.dtype)  # (T, T), broadcast over B * H
+    mask = mask_of(causal)(T, q.device, q.dtype)  # (T, T), broadcast over B * H
     if dropout.p and dropout.on == "logits":  # dropped before the mask is added: scores first
         logits = dropout.logits(torch.bmm(q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2))
                                 * Dh ** -0.5) + mask
@@ -109,23 +122,26 @@ def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDro
     return (att.to(v.dtype) @ v.reshape(B * H, T, Dh)).view(B, H, T, Dh)
 
 
-def biased_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout: AttentionDropout) -> Tensor:
+def biased_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout: AttentionDropout,
+                            causal: bool = True) -> Tensor:
     """softmax(dropout(q k^T / sqrt(Dh) + bias) + causal mask) v with dropout on the logits (the
-    TRA notebook's): SDPA drops weights only. bias (B|1, H, T, T) or 0."""
+    TRA notebook's): SDPA drops weights only. bias (B|1, H, T, T) or 0; `causal` false: no mask."""
     T, Dh = q.shape[-2], q.shape[-1]
-    logits = dropout.logits((q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + bias) + causal_mask(T, q.device)
+    logits = dropout.logits((q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + bias) + mask_of(causal)(T, q.device)
     return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
 
-def attention_weights(q: Tensor, k: Tensor, bias: Tensor | None = None, last: bool = False) -> Tensor:
+def attention_weights(q: Tensor, k: Tensor, bias: Tensor | None = None, last: bool = False,
+                      causal: bool = True) -> Tensor:
     """The causal softmax(q k^T / sqrt(Dh) + bias) weights the fast and bias paths compute inside
     SDPA, in float32: (B, H, T, T), or with `last` only the last query's row (B, H, 1, T), which
-    costs O(T) and is what a per-token measurement needs. bias (B|1, H, T, T) or None."""
+    costs O(T) and is what a per-token measurement needs. bias (B|1, H, T, T) or None; `causal` false:
+    bidirectional weights."""
     T, Dh = q.shape[-2], q.shape[-1]
     if last:
         logits = (q[..., -1:, :] @ k.transpose(-2, -1)).float() * Dh ** -0.5  # (B, H, 1, T): all keys are before it
         return torch.softmax(logits if bias is None else logits + bias[..., -1:, :], dim=-1)
-    logits = (q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + causal_mask(T, q.device)
+    logits = (q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + mask_of(causal)(T, q.device)
     return torch.softmax(logits if bias is None else logits + bias, dim=-1)
 
 
@@ -278,6 +294,7 @@ class CausalSelfAttention(nn.Module):
         # sqrt(Dh), so q is multiplied by it first, the same logits in every path
         self.q_factor = 1.0 if cfg.attn_scale else (cfg.d_model // cfg.n_head) ** 0.5
         self.recorder: AttentionRecorder | None = None  # installed by `recording`
+        self.causal = cfg.causal  # false: bidirectional (an encoder); refused with a cache or content scheme
 
     def forward(self, x: Tensor, scheme: nn.Module, position_ids: Tensor,
                 packed: Packed | None = None, cache: KVCache | None = None) -> Tensor:
@@ -303,13 +320,14 @@ class CausalSelfAttention(nn.Module):
         recorder = self.recorder  # record this layer's weights (content schemes do it inside)
         if recorder is not None and not scheme.has_content and cache is None:
             recorder.add(self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
-                                                       recorder.last_only))
+                                                       recorder.last_only, self.causal))
         if cache is not None:
             y = cached_attention(q, *cache.extend(self.layer, k, v))
         elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout, recorder)) is not None:
             pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
         elif scheme.has_content:
-            logits = scheme.content_logits(q, k, x, self.layer)  # (B, H, T, T), masked by the scheme
+            ids = (position_ids,) if scheme.content_reads_ids else ()  # relative positions read IDs
+            logits = scheme.content_logits(q, k, x, self.layer, *ids)  # (B, H, T, T), masked by the scheme
             if scheme.has_bias:
                 logits = logits + scheme.bias(position_ids)
             att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
@@ -317,16 +335,17 @@ class CausalSelfAttention(nn.Module):
                 recorder.add(self.layer, att)
             y = att.to(v.dtype) @ v  # (B, H, T, Dh)
         elif dropout.p and dropout.on == "logits":
-            y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout)
+            y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout,
+                                        self.causal)
         elif scheme.has_bias:
-            mask = scheme.bias(position_ids) + causal_mask(T, q.device)  # (B|1, H, T, T)
+            mask = scheme.bias(position_ids) + mask_of(self.causal)(T, q.device)  # (B|1, H, T, T)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
         elif use_math_attention(q):
-            y = math_causal_attention(q, k, v, dropout)  # (B, H, T, Dh)
-        elif narrow_attention.applies(q, p):
-            y = narrow_attention.attend(q, k, v)  # (B, H, T, Dh): heads <= 8 wide on one CPU thread
+            y = math_causal_attention(q, k, v, dropout, self.causal)  # (B, H, T, Dh)
+        elif self.causal and narrow_attention.applies(q, p):
+            y = narrow_attention.attend(q, k, v)  # (B, H, T, Dh): heads <= 8 wide on one CPU thread (causal only)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, Dh)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)  # (B, H, T, Dh)
 
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, D): heads side by side
         if packed is not None:

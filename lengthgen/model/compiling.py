@@ -36,6 +36,8 @@ from lengthgen.model.narrow_attention import cache_folder
 
 def compilable(model: nn.Module) -> str | None:
     """Why the model's blocks cannot be compiled, or None."""
+    if not hasattr(model, "blocks"):
+        return "the model has no transformer blocks to compile (a recurrent model steps through its tape)"
     if getattr(model.scheme, "has_content", False):
         return (f"model.position = {model.cfg.position!r} computes attention in query chunks sized by the "
                 "sequence length, a new graph at every length")

@@ -29,80 +29,8 @@ from torch import Tensor
 from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import AttentionDropout, AttentionRecorder
 from lengthgen.model.content_attention import cope_attention, fused, fuses, tra_attention
-
-
-def default_position_ids(seq_len: int, device=None) -> Tensor:
-    """0..T-1 as one row, (1, T) long: broadcasts over any batch size, and a
-    (1, H, T, T) ALiBi bias costs B times less memory than a (B, H, T, T) one."""
-    return torch.arange(seq_len, device=device, dtype=torch.long)[None, :]
-
-
-def _check_table(position_ids: Tensor, max_positions: int, name: str) -> None:
-    # A table lookup past the end would be an opaque index error (or, for the
-    # sinusoidal table, a silent extrapolation the config did not ask for). Not while a CUDA graph
-    # records (lengthgen.training.captured): reading the IDs on the host would break the recording,
-    # and the step's first, eager run checked the shape's IDs.
-    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    hi, lo = int(position_ids.max()), int(position_ids.min())
-    if hi >= max_positions or lo < 0:
-        raise ValueError(
-            f"position id {hi if hi >= max_positions else lo} is outside the {name} table "
-            f"[0, {max_positions}); raise model.max_positions (now {max_positions})"
-        )
-
-
-class PositionalScheme(nn.Module):
-    """The scheme that does nothing: NoPE. Subclasses override only the hooks they use."""
-
-    has_bias = False  # True if `bias` returns a tensor
-    has_content = False  # True if `content_logits` returns a tensor
-    has_table = False  # True if it reads a table of model.max_positions rows
-    adds_ids = False  # True if `embed` adds the position IDs to the input (absolute positions)
-    trains_table = False  # True if its table is a parameter drawn from N(0, std^2), std its `std` option
-
-    @classmethod
-    def check(cls, model: ModelConfig) -> None:
-        """ValueError (naming the key) if the block cannot use this scheme; schemes add their own."""
-        if cls.has_content and not model.attn_scale:
-            raise ValueError(f"model.attn_scale = false drops the 1/sqrt(head width) of dot-product logits; "
-                             f"model.position {model.position} computes its own attention (set model.attn_scale = true)")
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.d_model = cfg.d_model
-        self.n_head = cfg.n_head
-        self.n_layer = cfg.n_layer  # so content schemes can hold per-layer parameters
-        self.head_dim = cfg.d_model // cfg.n_head
-        self.max_positions = cfg.max_positions
-
-    def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
-        """x (B, T, D), position_ids (B|1, T) long -> (B, T, D)."""
-        return x
-
-    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """q, k (B, H, T, Dh) -> rotated q, k, same shapes."""
-        return q, k
-
-    def bias(self, position_ids: Tensor) -> Tensor | None:
-        """Additive logit bias broadcastable to (B, H, T, T), or None. Attention
-        adds the causal mask itself, so the bias need not mask the future."""
-        return None
-
-    def content_logits(self, q: Tensor, k: Tensor, x: Tensor, layer: int) -> Tensor | None:
-        """Full attention logits (B, H, T, T) from q, k (B, H, T, Dh, after `rotate`)
-        and the block input x (B, T, D), or None. The scheme owns the scaling
-        and all masking: future keys and any key it drops must be -inf. A row
-        with every key -inf gives a zero output (not NaN). `layer` is the block
-        index, for schemes with per-layer parameters."""
-        return None
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int,
-               dropout: AttentionDropout, recorder: AttentionRecorder | None = None) -> Tensor | None:
-        """The attention output (B, H, T, Dh) computed by the scheme itself (a content
-        scheme that needs more than logits: chunked queries, its own masking), or None to
-        let attention softmax `content_logits`. `dropout` acts on the logits or the weights."""
-        return None
+from lengthgen.model.relative_positions import RelativePositions
+from lengthgen.model.scheme_base import PositionalScheme, _check_table, default_position_ids  # noqa: F401 (re-exported)
 
 
 class LearnedPositions(PositionalScheme):
@@ -222,7 +150,10 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 
 class ALiBi(PositionalScheme):
-    """Linear biases (Press et al.): logit += -slope_h * (pos_i - pos_j)."""
+    """Linear biases (Press et al.): logit += -slope_h * (pos_i - pos_j). Bidirectional
+    (model.causal = false), as Delétang et al.'s and Ruoss et al.'s encoder: -slope_h * |pos_i - pos_j|,
+    plus slope_h / 2 where the key is before the query (pos_j < pos_i), which tells left from right
+    (their compute_alibi_encodings_biases)."""
 
     has_bias = True
 
@@ -233,6 +164,8 @@ class ALiBi(PositionalScheme):
     def bias(self, position_ids: Tensor) -> Tensor:
         pos = position_ids.float()
         dist = pos[:, :, None] - pos[:, None, :]  # (B|1, T, T): pos_i - pos_j
+        if not self.causal:  # both sides: -|d|, half a step less for keys on the left
+            dist = dist.abs() - 0.5 * (dist > 0)
         return -self.slopes[None, :, None, None] * dist[:, None]  # (B|1, H, T, T)
 
 
@@ -245,6 +178,7 @@ class FIRE(PositionalScheme):
     own). `hidden`: f's hidden width; `c`, `threshold`: the initial c and L."""
 
     has_bias = True
+    bidirectional = False  # defined on past keys only
 
     def __init__(self, cfg: ModelConfig, hidden: int = 32, c: float = 1.0, threshold: float = 1.0):
         super().__init__(cfg)
@@ -283,6 +217,7 @@ class T5Bias(PositionalScheme):
     N(0, d_model^-1/2), as HF's T5 draws it."""
 
     has_bias = True
+    bidirectional = False  # defined on past keys only
 
     def __init__(self, cfg: ModelConfig, buckets: int = 32, max_distance: int = 128):
         super().__init__(cfg)
@@ -306,6 +241,7 @@ class CoPE(PositionalScheme):
     `chunk`: queries per pass, so long windows need O(chunk * T) memory (0 = all at once)."""
 
     has_content = True
+    bidirectional = False  # defined on past keys only
 
     def __init__(self, cfg: ModelConfig, npos_max: int = 64, chunk: int = 512):
         super().__init__(cfg)
@@ -331,6 +267,7 @@ class FoX(PositionalScheme):
     gate is Linear(d_model, n_head) with a bias, torch's default init."""
 
     has_content = True
+    bidirectional = False  # defined on past keys only
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -363,6 +300,7 @@ class TRA(PositionalScheme):
     Inside `recording(model)` it hands each layer's attention weights to the recorder."""
 
     has_content = True
+    bidirectional = False  # defined on past keys only
 
     def __init__(self, cfg: ModelConfig, chunk: int = 512):
         super().__init__(cfg)
@@ -391,6 +329,7 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
     "cope": CoPE,
     "fox": FoX,
     "tra": TRA,
+    "relative": RelativePositions,
 }
 
 

@@ -1,17 +1,17 @@
 """GPT-2 style transformer, nanoGPT-sized, with the block variants as config.
 
 Block variants (model.*): `norm` layernorm | rmsnorm; `mlp` gelu | gelu-tanh
-| swiglu | gated-gelu (hidden width mlp_ratio * d_model, for both the linear
+| relu | swiglu | gated-gelu (hidden width mlp_ratio * d_model, for both the linear
 and the gate units of the gated ones); `bias` in the blocks' linear layers
 (`qkv_bias` false keeps q, k, v bias-free); `residual` pre-norm (x + f(norm(x)),
 GPT-2) | norm-before-add (x = norm(x); x + f(x), the TRA notebook's block) |
-pre-and-post-norm (x = norm'(x + f(norm(x))), Cho et al.'s T5 block);
+post-norm (x = norm(x + f(x)), Vaswani et al.'s) | pre-and-post-norm (x = norm'(x + f(norm(x))), Cho et al.'s T5 block);
 `attn_scale` false drops the 1/sqrt(head width) of the logits (T5); `dropout` on
 the residual stream (embedding included), `embed_dropout` on the embedding
 alone, `attn_dropout` on the attention weights or logits (`attn_dropout_on`)
 and `mlp_dropout` on the MLP's hidden units; `scaled_head` multiplies the final
-hidden state by d_model^-1/2 before the read-out (T5's tied read-out). The
-defaults are GPT-2's block.
+hidden state by d_model^-1/2 before the read-out (T5's tied read-out); `causal`
+false makes attention bidirectional (an encoder). The defaults are GPT-2's block.
 
 The forward pass is split into `embed`, `run_blocks` and `head` because the
 looped model reuses them: it embeds once, applies the blocks T times with
@@ -81,7 +81,7 @@ class GatedMLP(nn.Module):
 
 # model.mlp -> (the MLP, its activation)
 MLPS = {"gelu": (MLP, lambda: nn.GELU()), "gelu-tanh": (MLP, lambda: nn.GELU(approximate="tanh")),
-        "swiglu": (GatedMLP, nn.SiLU), "gated-gelu": (GatedMLP, lambda: nn.GELU(approximate="tanh"))}
+        "relu": (MLP, nn.ReLU), "swiglu": (GatedMLP, nn.SiLU), "gated-gelu": (GatedMLP, lambda: nn.GELU(approximate="tanh"))}
 
 
 def make_mlp(cfg: ModelConfig) -> nn.Module:
@@ -101,18 +101,25 @@ def norm_before_add(block: "Block", x: Tensor, attend) -> Tensor:
     return x + block.mlp(x)
 
 
+def post_norm(block: "Block", x: Tensor, attend) -> Tensor:
+    x = block.ln_1(x + attend(x))
+    return block.ln_2(x + block.mlp(x))
+
+
 def pre_and_post_norm(block: "Block", x: Tensor, attend) -> Tensor:
     x = block.ln_1_post(x + attend(block.ln_1(x)))
     return block.ln_2_post(x + block.mlp(block.ln_2(x)))
 
 
 # model.residual -> how a block adds its sublayers to the residual stream
-RESIDUALS = {"pre-norm": pre_norm, "norm-before-add": norm_before_add, "pre-and-post-norm": pre_and_post_norm}
+RESIDUALS = {"pre-norm": pre_norm, "norm-before-add": norm_before_add, "post-norm": post_norm,
+             "pre-and-post-norm": pre_and_post_norm}
 
 
 class Block(nn.Module):
     """pre-norm: x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
     norm-before-add: x = ln1(x); x = x + attn(x); x = ln2(x); x = x + mlp(x).
+    post-norm: x = ln1(x + attn(x)); x = ln2(x + mlp(x)) (Vaswani et al.'s, Delétang et al.'s encoder).
     pre-and-post-norm: x = ln1_post(x + attn(ln1(x))); x = ln2_post(x + mlp(ln2(x))), the
     residual stream itself normed after each add (Cho et al.'s T5 layers, layer_norm_position
     "pre_post"); the post norms exist only in this block, so other blocks' weights are unchanged."""
@@ -254,6 +261,8 @@ class Transformer(nn.Module):
         """Every block once: (B, T, D) -> (B, T, D), or packed rows (N, D) -> (N, D). With a
         `cache`, h holds the tokens after the cached ones, and the cache takes their keys."""
         if cache is not None:
+            if not self.cfg.causal:
+                raise ValueError("decoding with a KV cache needs causal attention (model.causal = true)")
             if self.scheme.has_bias or self.scheme.has_content:
                 raise ValueError(f"decoding with a KV cache needs a scheme without a bias or content hook "
                                  f"(nope, learned, sinusoidal, rope), not {self.cfg.position}")

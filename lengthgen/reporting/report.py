@@ -21,6 +21,7 @@ from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section
 from lengthgen.reporting.across_tasks import section as across_tasks_section
+from lengthgen.reporting.levels import section as levels_section
 from lengthgen.reporting.compare import check_threshold, compare_section, parse_arms, seeds_section
 from lengthgen.reporting.statistics import DEFAULT_THRESHOLD
 from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
@@ -169,11 +170,14 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     text += [f"{runs} runs, {len(rows)} result rows (results.csv). {REPORT_MARK}", ""]
     if failures:
         text += [f"**{len(failures)} run(s) failed** and are not in the tables:", ""] + [f"- {f}" for f in failures] + [""]
+    drawn = Drawn(rows, agg, steps, out)
+    for spec in (spec for spec in specs if FIGURES[spec["kind"]].lead):  # e.g. a suite's main table, first
+        text += FIGURES[spec["kind"]].draw(spec, drawn)
     metric = layout.get("summary_metric", "accuracy")
     what = "Exact match" if metric == "accuracy" else f"`{metric}`"
     text += ["## Summary", "", f"{what} at {multiples} the longest training length (the evaluated length "
              "after @), mean ± standard error over seeds (number of seeds in brackets).", "",
-             summary(agg, factors, metric)] + stats
+             summary(agg, factors, metric, ratio=not metric.endswith("accuracy"))] + stats
     if metric == "accuracy" and any(math.isfinite(a.get("stop_step", math.nan)) for a in agg):
         text += ["Mean read-out iteration (`stop_step`) at the same lengths, for the series with a stop rule. "
                  "For the oracle it is T(n). The first-firing rules (`halt`, `first-confident`) run each sample "
@@ -184,8 +188,7 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
         text += [f"## {', '.join(metrics)} by {spec['by']}", "", "Mean ± standard error over seeds (number of seeds "
                  "in brackets).", "", pivot(agg, spec["by"], metrics, spec.get("names", {}))]
     text += ["## Per task", "", markdown(agg)]
-    drawn = Drawn(rows, agg, steps, out)
-    for spec in specs:
+    for spec in (spec for spec in specs if not FIGURES[spec["kind"]].lead):
         swept = next((spec[k] for k in FIGURES[spec["kind"]].swept if spec.get(k)), None)
         if swept and not any(a.get(swept, "") != "" for a in agg):  # a grid run for some of its tasks only
             text += [f"(no run swept {swept}: no {spec['kind']} figure)", ""]
@@ -290,6 +293,10 @@ def draw_attention(spec: dict, d: Drawn) -> list[str]:
     return attention_section(spec, d.rows, d.out)
 
 
+def draw_levels(spec: dict, d: Drawn) -> list[str]:  # a suite's main table in its published layout
+    return levels_section(spec, d.rows)
+
+
 def draw_gain_by_sparsity(spec: dict, d: Drawn) -> list[str]:  # each short model against its reference
     return gain_section(spec, d.rows, d.agg, d.out)
 
@@ -298,12 +305,13 @@ def draw_gain_by_sparsity(spec: dict, d: Drawn) -> list[str]:  # each short mode
 class Figure:
     """A report figure kind: its settings, those it cannot go without (each a NAME), the setting
     naming a swept column it needs (no run swept it: the figure is skipped with a note), and the
-    function that draws it and returns its section of report.md."""
+    function that draws it and returns its section of report.md; a `lead` one comes first."""
 
     settings: frozenset
     draw: object
     required: tuple = ()
     swept: tuple = ()
+    lead: bool = False  # drawn first, before the summary (a table the report leads with)
 
 
 FIGURES = {
@@ -315,6 +323,7 @@ FIGURES = {
     "training_curves": Figure(frozenset(), draw_training_curves),
     "across_tasks": Figure(frozenset({"at", "rows", "metric", "separating"}), draw_across_tasks),
     "position_loss": Figure(frozenset({"windows"}), draw_position_loss),
+    "levels": Figure(frozenset({"groups", "columns", "best", "names", "published", "metric"}), draw_levels, lead=True),
     "gain_by_sparsity": Figure(frozenset({"reference", "buckets", "select", "examples"}), draw_gain_by_sparsity,
                                ("reference",)),
 }

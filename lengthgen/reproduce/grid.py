@@ -54,7 +54,10 @@ GRID = "grid.toml"
 # key -> (type, what it is); a table of names (tasks, arms, scales) is checked entry by entry
 ARM_KEYS = {"set": dict, "multiply": dict, "stops": list, "per_step": bool, "default": bool, "description": str}
 TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict, "only": list}
-REPORT_KEYS = {"summary": list, "summary_metric": str, "figures": list, "tables": list}
+# threshold: the success rate's and the effective length's (0..1); score: the metric a seed is scored by;
+# compare: [ARM_A, ARM_B] pairs set against each other (lengthgen.reporting.compare)
+REPORT_KEYS = {"summary": list, "summary_metric": str, "figures": list, "tables": list, "threshold": float,
+               "score": str, "compare": list}
 TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
 # config keys every eval.csv row names in a column of its own: not repeated as labels
 OWN_COLUMNS = {"method", "task.name", "model.position"}

@@ -164,6 +164,10 @@ def planned(paper: str, scale: str | None, seeds: int | None, tasks: list[str] |
     seeds = at.data.get("seeds", 3) if seeds is None else seeds
     tasks, arms = at.chosen("tasks", tasks), at.chosen("arms", arms)
     layout = {**DEFAULT_LAYOUT, **at.data.get("report", {})}
+    # the grid's comparisons of arms that this reproduction runs, with the 2 seeds a test needs
+    # (`--arms` or `--seeds 1` leaves the others out; `lengthgen report --compare` sets any pair)
+    layout["compare"] = [pair for pair in layout.get("compare", [])
+                         if seeds >= 2 and set(pair.split(",") if isinstance(pair, str) else pair) <= set(arms)]
     figure_specs(layout)  # a bad figure in the grid stops here, before any run
     out = Path(out or f"runs/reproduce-{grid.name}-{at.name}")
     if out.exists() and not out.is_dir():

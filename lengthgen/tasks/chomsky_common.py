@@ -60,7 +60,7 @@ def chomsky_accuracy(pred: Tensor, batch: Batch, end: int | None) -> Tensor:
 
 def slots_tape(batch: Batch) -> Batch:
     """The authors' tape: the n inputs, then T_out BLANK slots (the '=' blanked too), PAD after."""
-    pos = torch.arange(batch.inputs.shape[1])[None, :]
+    pos = torch.arange(batch.inputs.shape[1], device=batch.inputs.device)[None, :]
     slots = (pos >= batch.question_len[:, None] - 1) & (pos < batch.widths[:, None])
     return replace(batch, inputs=batch.inputs.masked_fill(slots, BLANK))
 

@@ -97,7 +97,7 @@ def test_overrides_are_typed_and_win():
     ("model.rope_theta=5", ["model.rope_theta", "model.position_options.theta"]),
     ("model.norm=batchnorm", ["model.norm", "layernorm, rmsnorm"]),
     ("model.mlp=swiglue", ["model.mlp", "did you mean swiglu"]),
-    ("model.residual=post-norm", ["model.residual"]),
+    ("model.residual=sandwich-norm", ["model.residual"]),
     ("model.attn_dropout=1.0", ["model.attn_dropout", "[0, 1)"]),
     ("model.attn_dropout_on=logit", ["model.attn_dropout_on", "did you mean logits"]),
     ("model.embed_dropout=1.5", ["model.embed_dropout", "[0, 1)"]),

@@ -21,8 +21,8 @@ def arange_ids(T, offset=0):
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_is_exactly_the_ten_schemes():
-    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "fox", "tra"}
+def test_registry_is_exactly_the_eleven_schemes():
+    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "fox", "tra", "relative"}
     for name, cls in SCHEMES.items():
         scheme = build_scheme(cfg(position=name))
         assert type(scheme) is cls and isinstance(scheme, PositionalScheme)
