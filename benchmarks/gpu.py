@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from lengthgen import assembly  # noqa: E402
 from lengthgen.model.compiling import compile_blocks  # noqa: E402
-from lengthgen.runtime.devices import autocast, pick_device  # noqa: E402
+from lengthgen.runtime.devices import pick_device  # noqa: E402
 from lengthgen.training.captured import CapturedSteps  # noqa: E402
 from lengthgen.training.run_state import RunState  # noqa: E402
-from lengthgen.training.trainer import sample_batch  # noqa: E402
+from lengthgen.training.trainer import backward, sample_batch, update  # noqa: E402
 
 LOOPED = {"parity": ROOT / "experiments/looped/paper/parity.toml",
           "addition": ROOT / "experiments/looped/paper/addition.toml"}
@@ -81,16 +81,10 @@ class Stepper:
         batch, tr, state = batch if batch is not None else self.batch(), self.run.cfg.train, self.state
         if self.captured is not None:
             return self.captured(batch, tr.lr)
-        state.optimizer.zero_grad(set_to_none=True)
-        for group in state.optimizer.param_groups:
-            group["lr"] = tr.lr
-        with autocast(self.device, tr.precision):
-            loss = self.run.method.loss(state.model, batch.to(self.device))
-        loss.backward()
-        if tr.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), tr.grad_clip)
-        state.optimizer.step()
-        return loss.detach()
+        state.optimizer.zero_grad(set_to_none=True)  # the trainer's eager step (Trainer.learn, update)
+        loss = backward(lambda b: self.run.method.loss(state.model, b), [batch], self.run.cfg, 0, range(1), self.device)
+        update(state.optimizer, state.model, tr.lr, tr.grad_clip)
+        return loss
 
 
 def sync(device: torch.device) -> None:

@@ -86,12 +86,8 @@ class CapturedSteps:
         make_capturable(optimizer, self.lr, device)
 
     def __call__(self, batch: Batch, lr: float) -> Tensor:
-        width, iterations, layout = shape_of(self.method, batch)
-        fits = [key for key in self.graphs if key[0] >= width and key[1] >= iterations and key[2] == layout]
-        if fits:  # the cheapest graph that holds the batch
-            key = min(fits, key=lambda k: k[0] * max(k[1], 1))
-        else:
-            key = (-(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, iterations, layout)
+        key, new = bucket(self.graphs, *shape_of(self.method, batch))
+        if new:
             self.graphs[key] = self.record(padded(batch, key[0]).to(self.device), key[1])
         self.lr.fill_(lr)
         return self.graphs[key].replay(padded(batch, key[0]))
@@ -161,7 +157,17 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, kept: tupl
                 value.copy_(state[p][name]) if p in state else value.zero_()
 
 
-def capture_refusal(method, ranks_world: int, shards: int, device: torch.device) -> str | None:
+def bucket(keys, width: int, iterations: int, layout: tuple) -> tuple[tuple[int, int, tuple], bool]:
+    """(the graph key a batch of this shape replays, whether it is new): the cheapest recorded graph
+    at least as wide, looping at least as often, of the same layout; else a new one, its width
+    rounded up to WIDTH_MULTIPLE."""
+    fits = [key for key in keys if key[0] >= width and key[1] >= iterations and key[2] == layout]
+    if fits:
+        return min(fits, key=lambda k: k[0] * max(k[1], 1)), False
+    return (-(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE, iterations, layout), True
+
+
+def capture_refusal(method, ranks_world: int, shards: int) -> str | None:
     """Why this run's steps cannot be recorded, or None (CPU runs are never recorded: no note)."""
     if not method.capturable:
         return f"method {method.name} reads its shapes on the host during its loss"

@@ -88,6 +88,16 @@ def backward(loss_of, batches: list[Batch], cfg: Config, step: int, shards: rang
     return total / len(batches)
 
 
+def update(optimizer: torch.optim.Optimizer, model: torch.nn.Module, lr: float, grad_clip: float) -> None:
+    """An eager step's update once its gradients are in: the learning rate, clipping, the optimizer
+    (a captured step does the same inside its graph: lengthgen.training.captured)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+
+
 def check_is_folder(folder: Path) -> None:
     """Refuse a run folder path that is a file or lies under one, or a link to nothing (mkdir and
     iterdir would crash)."""
@@ -193,7 +203,7 @@ class Trainer:
         tr = self.cfg.train
         if not (tr.capture and self.device.type == "cuda"):
             return
-        reason = capture_refusal(self.method, self.ranks.world, tr.data_shards, self.device)
+        reason = capture_refusal(self.method, self.ranks.world, tr.data_shards)
         if reason:
             note(reason)
             return
@@ -208,12 +218,8 @@ class Trainer:
         lr = learning_rate(self.cfg, state.step)
         loss = self.replayed(batches, lr) if self.captured is not None else None
         if loss is None:
-            for group in state.optimizer.param_groups:
-                group["lr"] = lr
             loss = self.learn(batches)
-            if tr.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(state.model.parameters(), tr.grad_clip)
-            state.optimizer.step()
+            update(state.optimizer, state.model, lr, tr.grad_clip)
         state.update_ema(tr)
         state.step += 1
         self.loss_sum += loss

@@ -9,7 +9,7 @@ from lengthgen import assembly
 from lengthgen.methods.registry import METHODS
 from lengthgen.runtime.checkpoint import portable_state
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.training.captured import (WIDTH_MULTIPLE, capture_refusal, padded, restore, shape_of,
+from lengthgen.training.captured import (WIDTH_MULTIPLE, bucket, capture_refusal, padded, restore, shape_of,
                                          snapshot)
 
 TASK_OF = {"ppc": ["task.name=decimal_addition", "task.options.coupled=true"]}
@@ -78,16 +78,26 @@ def test_padding_fills_every_field():
     assert (grown.inputs[:, -3:] == PAD).all() and (grown.targets[:, -3:] == IGNORE).all()
     assert (grown.target_ids[:, -3:] == IGNORE).all()
     assert torch.equal(grown.inputs[:, :-3], batch.inputs) and torch.equal(grown.targets[:, :-3], batch.targets)
-    assert WIDTH_MULTIPLE >= 1
+
+
+def test_a_batch_replays_the_cheapest_graph_that_holds_it():
+    key, new = bucket([], 9, 3, ())
+    assert new and key == (2 * WIDTH_MULTIPLE, 3, ())  # 9 columns round up to the next multiple
+    keys = [key, (4 * WIDTH_MULTIPLE, 3, ()), (WIDTH_MULTIPLE, 5, ())]
+    assert bucket(keys, WIDTH_MULTIPLE + 1, 2, ()) == (key, False)  # narrower and fewer loops fit
+    assert bucket(keys, 3 * WIDTH_MULTIPLE, 3, ()) == ((4 * WIDTH_MULTIPLE, 3, ()), False)
+    assert bucket(keys, 3, 4, ()) == ((WIDTH_MULTIPLE, 5, ()), False)  # the only one looping enough
+    assert bucket(keys, 3, 6, ()) == ((WIDTH_MULTIPLE, 6, ()), True)
+    assert bucket(keys, 3, 1, ("packed",)) == ((WIDTH_MULTIPLE, 1, ("packed",)), True)  # another layout
 
 
 def test_methods_that_cannot_be_recorded_say_why():
     for name in ("ntp-pause", "tape-rnn"):
-        assert capture_refusal(METHODS[name](), 1, 1, torch.device("cuda")), name
+        assert capture_refusal(METHODS[name](), 1, 1), name
     for name in ("looped-halt", "looped-clock", "looped-uncertain"):  # their losses at fixed shapes: fixed_steps
-        assert capture_refusal(METHODS[name](), 1, 1, torch.device("cuda")) is None, name
-    assert capture_refusal(METHODS["looped"](), 1, 1, torch.device("cuda")) is None
-    assert "data-parallel" in capture_refusal(METHODS["looped"](), 2, 2, torch.device("cuda"))
+        assert capture_refusal(METHODS[name](), 1, 1) is None, name
+    assert capture_refusal(METHODS["looped"](), 1, 1) is None
+    assert "data-parallel" in capture_refusal(METHODS["looped"](), 2, 2)
 
 
 def adamw(model, **kw):
