@@ -84,10 +84,22 @@ def cmd_train(args) -> None:
         print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
 
 
+def parse_sweep(text: str) -> tuple[str, list]:
+    """'symbols=[5, 10]' -> ('symbols', [5, 10]); the key stays whole (position.scaling), and a list of
+    bare words ([none,pi]) is a list of strings, as --set reads a bare word."""
+    from lengthgen.config.schema import parse_override
+
+    key, raw = (part.strip() for part in text.split("=", 1))
+    value = parse_override(f"v={raw}")["v"]
+    if isinstance(value, str) and raw.startswith("[") and raw.endswith("]"):  # not TOML: [none, pi]
+        value = [parse_override(f"v={item.strip()}")["v"] for item in raw[1:-1].split(",") if item.strip()]
+    return key, value if isinstance(value, list) else [value]
+
+
 def cmd_eval(args) -> None:
-    from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_override
+    from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths
     from lengthgen.evaluation.evaluate import evaluate_run, latest_state, run_folder
-    from lengthgen.results.rows import COLUMNS, format_table, metric_names
+    from lengthgen.results.rows import COLUMNS, format_table, is_label, metric_names
 
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
@@ -123,14 +135,13 @@ def cmd_eval(args) -> None:
         for text in args.sweep:
             if "=" not in text:  # parse_override's message would name --set
                 raise UserError(f"--sweep expects OPTION=[VALUES], e.g. --sweep 'symbols=[5, 10]', got {text!r}")
-            option = parse_override(text)
-            (key, values), = option.items()
-            sweep[key] = values if isinstance(values, list) else [values]
+            key, values = parse_sweep(text)
+            sweep[key] = values
     rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
                         args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep,
                         out=Path(args.out) if args.out else None, position_draws=args.position_draws,
                         compile=True if args.compile else None)
-    swept = [k for k in rows[0] if k not in COLUMNS and "." not in k and k not in metric_names(rows[0])]
+    swept = [k for k in rows[0] if k not in COLUMNS and not is_label(k) and k not in metric_names(rows[0])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
     for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
         if swept:
@@ -281,8 +292,10 @@ def add_eval_command(sub) -> None:
                    "confidence-per-sample[:T_MAX[:PATIENCE]], first-confident[:T_MAX], halt[:T_MAX] (looped-halt, "
                    "looped-halt-probe and looped-clock runs); T_MAX may be +N (T(n) + N); several, comma-separated, share one pass")
     e.add_argument("--sweep", action="append", metavar="OPTION=[VALUES]",
-                   help="evaluate every value of a task option, e.g. --sweep 'symbols=[5, 10]' "
-                        "(default: the run's eval.sweep); rows carry a column per option")
+                   help="evaluate every value of a task option, e.g. --sweep 'symbols=[5, 10]', or a rotary run "
+                        "with RoPE stretched at test time: --sweep 'position.scaling=[none,pi,ntk,yarn]' "
+                        "(position.factor=[dynamic] by default, or numbers >= 1) (default: the run's eval.sweep); "
+                        "rows carry a column per option")
     e.add_argument("--per-step", action="store_true",
                    help="looped methods: also record accuracy and confidence after every iteration -> per_step.csv")
     e.add_argument("--position-draws", type=int, default=None,

@@ -20,8 +20,12 @@ from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, Method, get_method
 from lengthgen.model.position_transforms import TRANSFORMS, PositionTransform, base_ids, build_transform, real_columns
 from lengthgen.model.positions import SCHEMES
+from lengthgen.model.rope_scaling import AS_TRAINED, SCALINGS
+from lengthgen.model.rotary import RoPE
 from lengthgen.model.transformer import INITS, MLPS, NORMS, RESIDUALS  # the registries the block is built from
 from lengthgen.tasks import TASKS, Task, TrailingPad, get_task, task_of
+
+POSITION_SWEEP = ("position.scaling", "position.factor")  # eval.sweep keys of RoPE stretched at test time
 
 
 @dataclass
@@ -148,13 +152,15 @@ def checked_scheme(cfg: Config) -> type:
 
 
 def check_sweep(cfg: Config, task: Task) -> None:
-    """eval.sweep: task options, each with a non-empty list of values the task accepts
-    without changing its vocabulary."""
-    t, sweep = cfg.task, cfg.eval.sweep
+    """eval.sweep: task options, each with a non-empty list of values the task accepts without
+    changing its vocabulary; and the position.* keys of RoPE stretched at test time (check_position_sweep)."""
+    t = cfg.task
+    sweep = {k: v for k, v in cfg.eval.sweep.items() if not k.startswith("position.")}
     check_options("eval.sweep", sweep, TASKS[t.name], t.name)
-    for key, values in sweep.items():
+    for key, values in cfg.eval.sweep.items():
         check(isinstance(values, list) and values and len(set(map(repr, values))) == len(values),
               f"eval.sweep.{key} must be a non-empty list of distinct values, got {values!r}")
+    check_position_sweep(cfg)
     shortest = min(parse_lengths(cfg.eval.lengths))
     for combo in option_combinations(sweep) if sweep else ():  # no sweep: the run's own task, checked
         options = {**t.options, **combo}
@@ -163,6 +169,25 @@ def check_sweep(cfg: Config, task: Task) -> None:
         check(swept.vocab == task.vocab, f"{where} changes the task's vocabulary, which the trained model cannot read")
         check(shortest >= swept.min_length,
               f"eval.lengths includes {shortest}; {t.name} with {where[12:-1]} needs lengths >= {swept.min_length}")
+
+
+def check_position_sweep(cfg: Config) -> None:
+    """eval.sweep's position.scaling (none, pi, ntk, yarn; all but none need a rotary scheme) and
+    position.factor (dynamic, or a number >= 1; only beside position.scaling)."""
+    sweep, position = cfg.eval.sweep, cfg.model.position
+    for key in (k for k in sweep if k.startswith("position.") and k not in POSITION_SWEEP):
+        raise ConfigError(f"eval.sweep.{key} is unknown; the position keys are {', '.join(POSITION_SWEEP)}")
+    for scaling in sweep.get("position.scaling", []):
+        check(scaling in SCALINGS, f"eval.sweep.position.scaling {scaling!r} is unknown; choose from {', '.join(SCALINGS)}")
+        check(scaling == AS_TRAINED or issubclass(SCHEMES[position], RoPE),
+              f"eval.sweep.position.scaling {scaling} stretches rotary positions; model.position {position} has none "
+              f"(rotary schemes: {', '.join(n for n, s in SCHEMES.items() if issubclass(s, RoPE))})")
+    check("position.factor" not in sweep or "position.scaling" in sweep,
+          "eval.sweep.position.factor needs eval.sweep.position.scaling (which stretch to apply)")
+    for factor in sweep.get("position.factor", []):
+        number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+        check(factor == "dynamic" or (number and 1 <= factor < float("inf")),
+              f"eval.sweep.position.factor must be dynamic or a number >= 1, got {factor!r}")
 
 
 def check_token_reading(cfg: Config, method: Method, scheme: type) -> None:

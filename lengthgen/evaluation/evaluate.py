@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from lengthgen.assembly import Run, assemble_saved, check_sweep
 from lengthgen.config.schema import Config, option_combinations
 from lengthgen.errors import ResourceError, UserError, path_problem
+from lengthgen.evaluation.position_scaling import Stretcher, split_options, with_factor
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
 from lengthgen.methods.registry import Method
@@ -208,7 +209,8 @@ def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int
                  position_draws: int | None = None, compile: bool | None = None) -> list[dict]:
     """Evaluate a run at `lengths` under each stop rule in `stops` (methods with stop rules;
     default oracle), for every combination of the task options in `sweep` (default the
-    run's eval.sweep); write RUN/eval.csv (and RUN/per_step.csv with per_step), or into `out`
+    run's eval.sweep; its position.* keys read a rotary run with RoPE stretched at test time,
+    lengthgen.evaluation.position_scaling); write RUN/eval.csv (and RUN/per_step.csv with per_step), or into `out`
     (with a copy of the run's config.toml, which the report reads) for a run one cannot write.
     A position transform that draws IDs at evaluation reads each sample under `position_draws`
     draws (default the run's eval.position_draws). `compile`: torch.compile the blocks (default
@@ -248,11 +250,12 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
     cases = [(options, variant, length) for options, variant in variants for length in lengths]
     fits = fitting_batches(cfg, cases, samples, batch_size, device)
     rows, steps_rows, position_rows = [], [], []
+    stretcher = Stretcher(run)
     for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
         ctx.batch_size, ctx.window_tokens = fits[variant, length]
-        with autocast(device, precision):
+        with autocast(device, precision), stretcher.at(model, options, variant, length):
             results, curve, positions = evaluate_length(ctx, variant, length)
-        position_rows += positions
+        position_rows += [{**r, **split_options(options)[1]} for r in positions]
         ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
                  "seed": cfg.train.model_seed, "train_max": cfg.task.train_max, **{k: cell(v) for k, v in options.items()}}
         steps_rows += [{**ident, **r} for r in curve]
@@ -283,14 +286,20 @@ def output_folder(folder: Path, out: Path | None) -> Path:
 def swept_tasks(cfg: Config, task: Task, sweep: dict | None, columns: list[str]) -> tuple[dict, list]:
     """(the sweep, [(its options, the task with them)] a combination each): `sweep` (default the
     run's eval.sweep), checked as eval.sweep and against the names of eval.csv's columns (those
-    of every row, and `columns`: the row's own metrics and the run's labels)."""
+    of every row, and `columns`: the row's own metrics and the run's labels). A combination's
+    position.* keys stretch RoPE, not the task: combinations differing only in them share one task."""
     if sweep is not None and sweep != cfg.eval.sweep:  # given for this evaluation (--sweep): check it as eval.sweep
         check_sweep(replace(cfg, eval=replace(cfg.eval, sweep=sweep)), task)
-    sweep = cfg.eval.sweep if sweep is None else sweep
+    sweep = with_factor(cfg.eval.sweep if sweep is None else sweep)
     clash = set(sweep) & (set(COLUMNS) | set(METRICS) | set(columns))
     if clash:
         raise UserError(f"eval.sweep option {sorted(clash)[0]!r} has the name of an eval.csv column; it cannot be swept")
-    return sweep, [(options, task_of(cfg.task, **options) if options else task) for options in option_combinations(sweep)]
+    combos, tasks = option_combinations(sweep), {}  # one task per combination of task options
+    for options in combos:
+        own = split_options(options)[0]
+        if repr(own) not in tasks:
+            tasks[repr(own)] = task_of(cfg.task, **own) if own else task
+    return sweep, [(options, tasks[repr(split_options(options)[0])]) for options in combos]
 
 
 def eval_precision(cfg: Config, device: torch.device, folder: Path) -> str:
@@ -306,7 +315,8 @@ def eval_precision(cfg: Config, device: torch.device, folder: Path) -> str:
 def fitting_batches(cfg: Config, cases: list, samples: int, batch_size: int, device: torch.device) -> dict:
     """{(task, length): (batch size, window tokens)} that fit, every case checked before the first
     runs (lengthgen.runtime.resources), with a note where a batch was lowered."""
-    fits, note = batches_that_fit(cfg, [(variant, length) for _, variant, length in cases], samples, batch_size, device)
+    unique = list(dict.fromkeys((variant, length) for _, variant, length in cases))  # stretches share a task
+    fits, note = batches_that_fit(cfg, unique, samples, batch_size, device)
     if note:
         print(note, file=sys.stderr)
     return fits

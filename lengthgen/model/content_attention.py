@@ -1,6 +1,6 @@
 """The attention of the content schemes, computed whole (their `attend` hook): Threshold
-Relative Attention and CoPE. Queries run in chunks so a long window never holds a (T, T) tensor;
-each chunk may hand its weights to a recorder (`keep`)."""
+Relative Attention, CoPE and stick-breaking attention. Queries run in chunks so a long window
+never holds a (T, T) tensor; each chunk may hand its weights to a recorder (`keep`)."""
 from __future__ import annotations
 
 import torch
@@ -115,7 +115,48 @@ def fox_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, dropout: 
     return att.to(v.dtype) @ v
 
 
-ATTENTIONS = {"tra": tra_attention, "cope": cope_attention, "fox": fox_attention}
+def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, chunk: int = 0, dropout: AttentionDropout = NO_DROPOUT,
+                             keep: list | None = None, keep_last: bool = False) -> Tensor:
+    """Stick-breaking attention (Tan et al., ICLR 2025), causal, per head, without positions.
+
+    q, k, v (B, H, T, Dh). For query i and each earlier key j < i, beta_ij = sigmoid(z_ij),
+    z_ij = q_i . k_j / sqrt(Dh); the nearest key breaks the stick first:
+    A_ij = beta_ij * prod_{j<m<i} (1 - beta_im), in log space
+    logsigmoid(z_ij) + sum_{j<m<i} logsigmoid(-z_im). As the reference's default
+    (attend_current = False), the query's own key is no stick-breaker: what is left of the stick,
+    1 - sum_j A_ij = prod_{j<i} (1 - beta_ij), goes to the query's own value v_i (the reference's
+    tests add rem * v), so every row's weights sum to 1 and the first query outputs v_0.
+
+    The sums over keys run from the query backwards (a reversed cumsum), as the reference's
+    kernel accumulates: the nearest keys' weights, the ones that matter, stay exact in float32
+    however much of the stick the far keys broke (a forward cumsum's difference of two large
+    sums would round them). The remainder is the exp of the whole row's sum, never 1 - sum A,
+    which rounds to a small negative number when little is left.
+
+    Dropout on `logits` drops z: a dropped key's beta becomes 1/2 (it takes half of what is left),
+    the kept z are scaled by 1 / (1 - p); on `weights` it drops the weights, remainder included.
+    Queries run `chunk` at a time and `keep` records the weights (the remainder on the diagonal),
+    as in `tra_attention`. Returns (B, H, T, Dh)."""
+    Dh, T = q.shape[-1], q.shape[-2]
+    out = []
+    for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1], q.is_cuda):
+        z = dropout.logits((q[:, :, s:e] @ k[:, :, :e].transpose(-2, -1)).float() * Dh ** -0.5)  # (B, H, c, e)
+        keys, queries = torch.arange(e, device=q.device)[None, :], torch.arange(s, e, device=q.device)[:, None]
+        earlier = keys < queries  # (c, e): the stick-breakers of each query
+        miss = F.logsigmoid(-z).masked_fill(~earlier, 0.0)  # log(1 - beta): the part of the stick a key leaves
+        behind = miss.flip(-1).cumsum(-1).flip(-1)  # sum over keys m >= j, accumulated from the query back
+        between = F.pad(behind[..., 1:], (0, 1))  # keys j < m < i: the sum from the next key on
+        log_weights = torch.where(earlier, F.logsigmoid(z) + between,
+                                  torch.where(keys == queries, behind[..., :1], float("-inf")))  # the remainder
+        att = log_weights.exp()  # (B, H, c, e), each row sums to 1
+        if keep is not None and (not keep_last or e == T):
+            keep.append((att[..., -1:, :] if keep_last else att).detach())
+        out.append(dropout.weights(att).to(v.dtype) @ v[:, :, :e])
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+ATTENTIONS = {"tra": tra_attention, "cope": cope_attention, "fox": fox_attention,
+              "stickbreaking": stick_breaking_attention}
 _FUSED: dict = {}
 
 

@@ -30,7 +30,11 @@ from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import AttentionDropout, AttentionRecorder
 from lengthgen.model.content_attention import cope_attention, fused, fuses, tra_attention
 from lengthgen.model.relative_positions import RelativePositions
+from lengthgen.model.rotary import RoPE
 from lengthgen.model.scheme_base import PositionalScheme, _check_table, default_position_ids  # noqa: F401 (re-exported)
+from lengthgen.model.selective_attention import SelectiveAttention
+from lengthgen.model.stick_breaking import StickBreaking
+from lengthgen.model.xpos import XPos
 
 
 class LearnedPositions(PositionalScheme):
@@ -76,61 +80,6 @@ class SinusoidalPositions(PositionalScheme):
     def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
         _check_table(position_ids, self.max_positions, "sinusoidal position")
         return x + self.table[position_ids].to(x.dtype)  # (B|1, T, D)
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)  # pairs are (x[i], x[i + Dh/2])
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rotate_interleaved(x: Tensor) -> Tensor:
-    x1, x2 = x[..., 0::2], x[..., 1::2]  # pairs are (x[2i], x[2i+1])
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-class RoPE(PositionalScheme):
-    """Rotary embeddings (Su et al.): rotate each pair of q/k dimensions by
-    angle pos * theta^(-2i/Dh), so q_i . k_j depends only on pos_i - pos_j.
-
-    style "half" pairs dim i with i + Dh/2 (GPT-NeoX / Llama layout);
-    "interleaved" pairs 2i with 2i+1 (the paper's and GPT-J's layout). Both are
-    the same function up to a fixed permutation of the head dimensions.
-    """
-
-    @classmethod
-    def check(cls, model: ModelConfig) -> None:
-        super().check(model)
-        if (model.d_model // model.n_head) % 2:
-            raise ValueError(f"model.position {model.position} needs an even head width (d_model / n_head)")
-
-    def __init__(self, cfg: ModelConfig, theta: float = 10000.0, style: str = "half"):
-        super().__init__(cfg)
-        if self.head_dim % 2:
-            raise ValueError(f"rope needs an even head width, got d_model/n_head = {self.head_dim}")
-        if style not in ("half", "interleaved"):
-            raise ValueError(f"rope style must be half or interleaved, got {style!r}")
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
-            raise ValueError(f"rope theta must be a finite number > 0, got {theta!r}")
-        self.style = style
-        inv_freq = float(theta) ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (Dh/2,)
-
-    def cos_sin(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        # Computed from the IDs on every call (no arange cache): it is a
-        # (B, T, Dh/2) outer product, cheap next to attention, and it is
-        # correct for shifted, skipped or coupled IDs by construction.
-        angles = position_ids.float()[..., None] * self.inv_freq  # (B|1, T, Dh/2)
-        if self.style == "half":
-            angles = torch.cat((angles, angles), dim=-1)  # (B|1, T, Dh)
-        else:
-            angles = angles.repeat_interleave(2, dim=-1)  # (B|1, T, Dh)
-        return angles.cos()[:, None], angles.sin()[:, None]  # (B|1, 1, T, Dh): broadcast over heads
-
-    def rotate(self, q: Tensor, k: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self.cos_sin(position_ids)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        turn = _rotate_half if self.style == "half" else _rotate_interleaved
-        return q * cos + turn(q) * sin, k * cos + turn(k) * sin  # (B, H, T, Dh) each
 
 
 def alibi_slopes(n_head: int) -> list[float]:
@@ -330,6 +279,9 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
     "fox": FoX,
     "tra": TRA,
     "relative": RelativePositions,
+    "xpos": XPos,
+    "stickbreaking": StickBreaking,
+    "selective": SelectiveAttention,
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import ScalarFormatter
 
-from lengthgen.results.rows import POSITION_LOSS, read_position_loss
+from lengthgen.results.rows import EVALUATION_KEYS, POSITION_LOSS, read_position_loss
 from lengthgen.reporting.figures import _pyplot
 from lengthgen.reporting.series import key_columns, series_colors, series_labels
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX as TEST_PREFIX, read_metrics
@@ -144,8 +144,10 @@ def plot_position_loss(rows: list[dict], agg: list[dict], path: Path, windows: l
             if not file.exists():
                 continue
             per_window: dict[int, list[tuple[int, float]]] = defaultdict(list)
+            stretch = {k: v for k, v in key[1] if k.startswith(EVALUATION_KEYS)}  # the series' RoPE stretch, if any
             for r in read_position_loss(file):
-                per_window[r["window"]].append((r["position"], r["loss"]))
+                if all(r.get(k, "") == v for k, v in stretch.items()):
+                    per_window[r["window"]].append((r["position"], r["loss"]))
             for window, values in per_window.items():
                 found[key][window].append(np.array([v for _, v in sorted(values)]))
     available = sorted({w for per in found.values() for w in per})

@@ -19,6 +19,10 @@
     default = true                       # run when --arms is not given
 
     [axes]                               # axes of every task (a task's own axes add to these)
+    [[evaluate]]                         # evaluation arms: the runs whose config has every `when` value
+    when = {"model.position" = "rope"}   # (dotted keys, as the run's config.toml spells them) are also
+    sweep = {"position.scaling" = ["none", "pi", "ntk", "yarn"]}   # evaluated with this eval.sweep
+                                         # (task options, or RoPE stretched at test time: each value its own series)
     [report]                             # summary = [1.5, 2.0]: columns at these multiples of train max
     summary_metric = "accuracy"          # (another metric adds a last/first ratio column);
     figures = ["accuracy_vs_length", "accuracy_vs_iteration", {kind = "heatmap", y = "k"}]
@@ -39,10 +43,10 @@ from __future__ import annotations
 import copy
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lengthgen.assembly import Run, assemble, assembled
+from lengthgen.assembly import Run, assemble, assembled, check_sweep
 from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, option_combinations, read,
                                      to_dict, toml_value, tomllib)
 from lengthgen.errors import UserError
@@ -58,7 +62,10 @@ TASK_KEYS = {"preset": str, "default": bool, "axes": dict, "arms": dict, "only":
 # compare: [ARM_A, ARM_B] pairs set against each other (lengthgen.reporting.compare)
 REPORT_KEYS = {"summary": list, "summary_metric": str, "figures": list, "tables": list, "threshold": float,
                "score": str, "compare": list}
-TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict}
+TOP_KEYS = {"title": str, "seeds": int, "tasks": dict, "arms": dict, "axes": dict, "report": dict, "scales": dict,
+            "evaluate": list}
+# an [[evaluate]] entry: which runs (config key -> value, all must match; {} = every run) get which eval.sweep
+EVALUATE_KEYS = {"when": dict, "sweep": dict, "description": str}
 # config keys every eval.csv row names in a column of its own: not repeated as labels
 OWN_COLUMNS = {"method", "task.name", "model.position"}
 SAFE = re.compile(r"[A-Za-z0-9._+-]+")  # what an axis value may be, spelt in a folder name
@@ -77,6 +84,7 @@ class Job:
     samples: int = 0  # test samples per length; 0 = the preset's eval.samples
     threads: int = 1
     labels: dict = field(default_factory=dict)  # the run's series.json: arm and the config keys telling its series apart
+    sweep: dict = field(default_factory=dict)  # the eval.sweep its [[evaluate]] entries add ({}: the config's own)
     config: dict = field(default_factory=dict)  # the run's validated config (to_dict), seeds and threads set: {} = load it
 
     def loaded(self):
@@ -160,6 +168,14 @@ class Grid:
             shorts = [axis_name(k) for k in axes]
             self.fail_unless(len(set(shorts)) == len(shorts), f"axes of {task} end in the same name: {sorted(axes)}")
         self.check_keys(grid.get("report", {}), REPORT_KEYS, "report")
+        for i, entry in enumerate(grid.get("evaluate", [])):
+            self.check_keys(entry, EVALUATE_KEYS, f"evaluate[{i}]")
+            sweep = entry.get("sweep")
+            self.fail_unless(bool(sweep), f"evaluate[{i}] needs a sweep, "
+                             'e.g. sweep = {"position.scaling" = ["none", "pi"]}')
+            for key, values in sweep.items():
+                self.fail_unless(isinstance(values, list) and values,
+                                 f"evaluate[{i}].sweep.{key} must be a non-empty list")
         return grid
 
     def at(self, scale: str) -> AtScale:
@@ -214,6 +230,25 @@ class AtScale:
 
     def axes(self, task: str) -> dict:
         return {**self.data.get("axes", {}), **self.data["tasks"][task].get("axes", {})}
+
+    def evaluation_sweep(self, run: Run) -> dict:
+        """The eval.sweep of a run: its config's, with that of every [[evaluate]] entry its config matches
+        (later entries replace a key), checked against the run as eval.sweep ({}: the config's own alone)."""
+        values, sweep = flat(to_dict(run.cfg)), {}
+        for i, entry in enumerate(self.data.get("evaluate", [])):
+            for key in entry.get("when", {}):
+                self.grid.fail_unless(key in values, f"evaluate[{i}].when names {key!r}, no config key"
+                                      f"{_hint(key, values)}")
+            if all(values[key] == value for key, value in entry.get("when", {}).items()):
+                sweep.update(entry["sweep"])
+        if not sweep:
+            return {}
+        sweep = {**run.cfg.eval.sweep, **sweep}
+        try:
+            check_sweep(replace(run.cfg, eval=replace(run.cfg.eval, sweep=sweep)), run.task)
+        except UserError as err:
+            raise UserError(f"{self.grid.path} [[evaluate]] at scale {self.name}: {err}") from None
+        return sweep
 
     def defaults(self, kind: str) -> list[str]:
         """The tasks or arms run when --tasks / --arms is not given."""
@@ -347,6 +382,7 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
                 for stop in stops:
                     parse_stop(grid, arm, stop, method)
                 name = "-".join([task, arm, *(f"{axis_name(k)}={cell(v)}" for k, v in values.items())])
+                sweep = at.evaluation_sweep(run)
                 for seed in range(seeds):
                     seeded = copy.deepcopy(cfg)
                     seeded.train.model_seed = seeded.train.data_seed = seed
@@ -354,7 +390,7 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
                     jobs.append(Job(task, arm, seed, str(preset),
                                     sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
                                     str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
-                                    labels[(task, arm, tuple(values.items()))], to_dict(seeded)))
+                                    labels[(task, arm, tuple(values.items()))], config=to_dict(seeded), sweep=sweep))
     return jobs
 
 

@@ -45,6 +45,8 @@ def eval_settings(job: Job, cfg) -> dict:
     """What a run's evaluation depends on beyond its config; recorded in eval.done."""
     settings = {"samples": job.samples or cfg.eval.samples, "lengths": parse_lengths(cfg.eval.lengths),
                 "stops": job.stops, "per_step": job.per_step}
+    if job.sweep:  # a grid's [[evaluate]] sweep (recorded only where there is one: older eval.done files stay current)
+        settings["sweep"] = job.sweep
     if cfg.eval.token_contexts:  # the per-token files too (their settings are the run's config, checked apart)
         settings["token_files"] = ["token_loss.csv"] + (["dependence.csv"] if cfg.eval.dependence else [])
     return settings
@@ -108,7 +110,7 @@ def run_job(job: Job) -> dict:
             done.unlink(missing_ok=True)  # an interrupted evaluation must not look finished
             set_aside_if_unreadable(folder / "eval.csv")
             evaluate_run(folder, settings["lengths"], settings["samples"], stops=job.stops or None,
-                         per_step=job.per_step, progress=False)
+                         per_step=job.per_step, progress=False, sweep=job.sweep or None)
             done.write_text(json.dumps(settings) + "\n")
         return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start, "skipped": skipped}
     except BaseException as err:  # report any failure of this run and let the others go on

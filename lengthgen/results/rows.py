@@ -80,20 +80,35 @@ def read_labels(folder: Path) -> dict[str, str]:
     return {k: cell(v) for k, v in labels.items()}
 
 
+# eval.csv columns that are dotted but no config key: RoPE stretched at test time, swept in evaluation
+# (lengthgen.evaluation.position_scaling); never a label, so never dropped as one
+EVALUATION_KEYS = ("position.",)
+
+
+def is_label(column: str) -> bool:
+    """A dotted config-key column (task.options.k) that RUN/series.json gives a run's rows."""
+    return "." in column and not column.startswith(EVALUATION_KEYS)
+
+
 def with_labels(rows: list[dict], labels: dict[str, str]) -> list[dict]:
     """Rows carrying exactly `labels`: the arm, and the dotted config-key columns (older ones dropped)."""
     out = []
     for r in rows:
-        kept = {k: v for k, v in r.items() if "." not in k}
+        kept = {k: v for k, v in r.items() if not is_label(k)}
         out.append({**kept, "arm": labels.get("arm", ""), **{k: v for k, v in labels.items() if k != "arm"}})
     return out
 
 
 def write_position_loss(path: Path, rows: list[dict]) -> None:
-    """RUN/position_loss.csv: window,position,loss; rows of windows not evaluated now are kept."""
-    windows = {r["window"] for r in rows}
-    old = [r for r in read_position_loss(path) if r["window"] not in windows] if path.exists() else []
-    write_csv(path, sorted(old + rows, key=lambda r: (r["window"], r["position"])), ["window", "position", "loss"])
+    """RUN/position_loss.csv: window,position,loss (and the position.* options of RoPE stretched at test
+    time, where swept); rows of windows (and options) not evaluated now are kept."""
+    def curve(r: dict) -> tuple:  # the window, and the stretch it was read with (none for an unswept row)
+        return r["window"], *sorted((k, str(v)) for k, v in r.items() if k.startswith(EVALUATION_KEYS) and v != "")
+
+    now = {curve(r) for r in rows}
+    old = [r for r in read_position_loss(path) if curve(r) not in now] if path.exists() else []
+    merged = sorted(old + rows, key=lambda r: (curve(r), r["position"]))
+    write_csv(path, merged, columns_of(merged, ["window", "position", "loss"]))
 
 
 def read_position_loss(path: Path) -> list[dict]:  # loss is NaN at positions no window scored

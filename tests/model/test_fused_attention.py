@@ -18,12 +18,14 @@ def inputs(seed=0, B=2, H=3, T=11, Dh=8):
 def arguments(name, q, k, v, gate):
     if name == "tra":
         return (q, k, v, gate, 4, NO_DROPOUT)  # chunks of 4 queries: the loop over chunks is compiled too
+    if name == "stickbreaking":
+        return (q, k, v, 4, NO_DROPOUT)  # chunks of 4 queries
     if name == "cope":
         return (q, k, v, gate[0, 0, :8, None].expand(8, 6).contiguous(), 6, 0, NO_DROPOUT)  # (Dh, npos_max)
     return (q, k, v, gate, NO_DROPOUT)
 
 
-@pytest.mark.slow  # compiles three functions
+@pytest.mark.slow  # compiles four functions
 @pytest.mark.parametrize("name", sorted(ca.ATTENTIONS))
 def test_fused_attention_is_the_eager_attention(name):
     results = []

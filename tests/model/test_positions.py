@@ -21,13 +21,14 @@ def arange_ids(T, offset=0):
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_is_exactly_the_eleven_schemes():
-    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "fox", "tra", "relative"}
+def test_registry_is_exactly_the_fourteen_schemes():
+    assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "fox", "tra", "relative",
+                            "xpos", "stickbreaking", "selective"}
     for name, cls in SCHEMES.items():
         scheme = build_scheme(cfg(position=name))
         assert type(scheme) is cls and isinstance(scheme, PositionalScheme)
     with pytest.raises(ValueError, match="model.position"):
-        build_scheme(cfg(position="xpos"))
+        build_scheme(cfg(position="nosuch"))
 
 
 def test_nope_hooks_do_nothing():
