@@ -69,7 +69,8 @@ def checked(cfg: Config) -> Run:
     validate(cfg)
     check_names(cfg)
     task = checked_task(cfg)
-    method = get_method(cfg.method, cfg)
+    check_options("method_options", cfg.method_options, METHODS[cfg.method], cfg.method, skip=("cfg",))
+    method = built("method_options", lambda: get_method(cfg.method, cfg))
     check_stops(cfg, method)
     check(cfg.model.causal or method.bidirectional,
           f"model.causal = false (bidirectional attention) needs a method that reads whole answers from blank slots "

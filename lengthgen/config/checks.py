@@ -115,8 +115,6 @@ def check_train(cfg: Config) -> None:
     check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
     check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
     check(0 <= tr.ema_start < max(tr.steps, 1), f"train.ema_start must be in 0..train.steps - 1 ({tr.steps - 1}), got {tr.ema_start}")
-    check(tr.id_loss_weight >= 0, f"train.id_loss_weight must be >= 0, got {tr.id_loss_weight}")
-    check(tr.halt_loss_weight >= 0, f"train.halt_loss_weight must be >= 0, got {tr.halt_loss_weight}")
 
 
 def check_schedule(cfg: Config) -> None:

@@ -120,8 +120,6 @@ class TrainConfig:
     test_offset: int = 0  # tests after steps offset + k * test_interval (the released code: 1, 1001, ...)
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
-    id_loss_weight: float = 1.0  # ppc: weight of the next-position-ID loss beside the token loss
-    halt_loss_weight: float = 1.0  # looped-halt, looped-uncertain, looped-clock: weight of the stopping loss beside the answer loss
     # streams the batch is drawn from: 1 = one stream from data_seed; N = N shards of batch_size/N samples, each
     # seeded by (data_seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
     data_shards: int = 1
@@ -154,6 +152,8 @@ class EvalConfig:
 @dataclass
 class Config:
     method: str = "ntp"  # training and prediction recipe, see lengthgen.methods.registry
+    # the method's own settings, keywords of its constructor (ppc: id_loss_weight; looped-halt: halt_loss_weight)
+    method_options: dict = field(default_factory=dict)
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -167,8 +167,13 @@ LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 ATTENTION_DROPOUT_ON = ("weights", "logits")
 # keys of earlier versions: where they went (a saved run folder written by them still loads);
-# model.rope_theta moved on 2026-11-23: run folders written since never hold it
-MOVED = {"model.rope_theta": "model.position_options.theta"}
+# model.rope_theta moved on 2026-11-23, the methods' loss weights on 2026-11-27: run folders written since
+# never hold them
+MOVED = {"model.rope_theta": "model.position_options.theta", "train.id_loss_weight": "method_options.id_loss_weight",
+         "train.halt_loss_weight": "method_options.halt_loss_weight"}
+# the method settings that were train.* keys, at their default then: a saved config lists every key, so a
+# run of another method carries them at this value, which is dropped, not moved
+METHOD_KEYS_WERE = {"id_loss_weight": 1.0, "halt_loss_weight": 1.0}
 MAX_THREADS = 1024  # far above any machine's cores; a huge value crashes torch
 MAX_SEED = 2**63  # seeds are 0 <= seed < MAX_SEED (torch takes 64-bit seeds)
 # eval seeds one generator per length with seed * 1_000_003 + length, which must stay below 2**64
@@ -230,8 +235,17 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
 
 def _upgrade(data: dict) -> dict:
     """A preset or saved config of an earlier version, in today's keys: model.rope_theta
-    became RoPE's own option on 2026-11-23 (dropped for other schemes, which never read it).
-    Kept for run folders written before then; remove when none is left to resume."""
+    became RoPE's own option on 2026-11-23 (dropped for other schemes, which never read it);
+    train.id_loss_weight and train.halt_loss_weight became method_options on 2026-11-27 (dropped
+    at their old default, which every saved config lists). Kept for run folders written before
+    then; remove when none is left to resume."""
+    train = data.get("train")
+    if isinstance(train, dict) and any(k in train for k in METHOD_KEYS_WERE):
+        train = dict(train)
+        moved = {k: train.pop(k) for k in METHOD_KEYS_WERE if k in train}
+        moved = {k: v for k, v in moved.items() if v != METHOD_KEYS_WERE[k]}
+        options = data.get("method_options", {})
+        data = {**data, "train": train, "method_options": {**moved, **options} if isinstance(options, dict) else options}
     model = data.get("model")
     if isinstance(model, dict) and "rope_theta" in model:
         model = dict(model)

@@ -45,7 +45,7 @@ def export_run(run: Path, out: Path, force: bool = False) -> list[str]:
             raise UserError(f"{run} is not a finished run (its latest checkpoint is step {state.get('step')} of "
                             f"{assembled.cfg.train.steps}); finish it with lengthgen train --resume --out {run}")
         check_out(out, force, run)
-        _, model, step = load_assembled(run, torch.device("cpu"))
+        assembled, model, step = load_assembled(run, torch.device("cpu"))  # the run whose method built the model
         hf, notes = hf_config(assembled, model)
         scratch = out.with_name(f".{out.name}.export.tmp")
         shutil.rmtree(scratch, ignore_errors=True)
@@ -103,7 +103,7 @@ def hf_config(run: Run, model: torch.nn.Module) -> tuple[dict, list[str]]:
           "auto_map": {"AutoConfig": "modeling_lengthgen.LengthgenConfig",
                        "AutoModelForCausalLM": "modeling_lengthgen.LengthgenForCausalLM"},
           "lengthgen_model": asdict(cfg.model), "family": family, "injection": getattr(model, "injection", True),
-          "loop_steps": int(getattr(model, "n_loops", 0)), "id_head": hasattr(model, "id_head"),
+          "loop_steps": int(getattr(method, "n_loops", 0)), "id_head": hasattr(model, "id_head"),
           "default_t_max": t_max, "vocab_size": task.vocab_size, "tie_word_embeddings": cfg.model.tie_embeddings,
           "pad_token_id": 0, "eos_token_id": 1, "torch_dtype": "float32"}
     return hf, notes

@@ -109,13 +109,14 @@ class Looped(Method):
 
 
 class StoppingLoss(Looped):
-    """A looped method with a stopping loss on every iteration, weighted by train.halt_loss_weight;
-    `fixed_step_loss`: the same loss at fixed shapes (lengthgen.methods.looped.fixed_steps)."""
+    """A looped method with a stopping loss on every iteration, weighted by its option
+    `halt_loss_weight` (method_options); `fixed_step_loss`: the same loss at fixed shapes
+    (lengthgen.methods.looped.fixed_steps)."""
     fixed_step_loss = None
 
-    def __init__(self, cfg=None):
+    def __init__(self, cfg=None, halt_loss_weight: float = 1.0):
         super().__init__(cfg)
-        self.halt_loss_weight = cfg.train.halt_loss_weight if cfg is not None else 1.0
+        self.halt_loss_weight = loss_weight("halt_loss_weight", halt_loss_weight)
 
     def weighted(self, stopping_loss):
         return lambda *args: self.halt_loss_weight * stopping_loss(*args)
@@ -194,15 +195,19 @@ def steps_at(task: Task, length: int) -> int:
 
 
 class NTPLoop(Method):
+    """Next-token prediction through the looped block, looped T(train_max) times for every token."""
     name = "ntp-loop"
 
+    def __init__(self, cfg=None):
+        super().__init__(cfg)
+        self.n_loops = 0  # T(task.train_max), worked out with the model (build_model): not a weight
+
     def build_model(self, cfg, task):
-        model = LoopedTransformer(cfg.model, task.vocab_size, injection=True)
-        model.n_loops = steps_at(task, cfg.task.train_max)  # rebuilt with the model, not a weight
-        return model
+        self.n_loops = steps_at(task, cfg.task.train_max)
+        return LoopedTransformer(cfg.model, task.vocab_size, injection=True)
 
     def logits(self, model, batch):
-        return model(batch.inputs, batch.position_ids, n_steps=model.n_loops)
+        return model(batch.inputs, batch.position_ids, n_steps=self.n_loops)
 
 
 def pause_batch(batch: Batch, n_pause: Tensor | None = None) -> Batch:
@@ -249,7 +254,7 @@ class NTPPause(Method):
 class PredictivePositionCoupling(Method):
     """Next-token prediction plus a second head on the same hidden state that predicts the
     position ID of the next token, trained on the task's coupled IDs (`Batch.target_ids`)
-    with cross-entropy added to the token loss times `train.id_loss_weight`. At inference
+    with cross-entropy added to the token loss times its option `id_loss_weight` (method_options). At inference
     every generated token takes the ID the model predicted for it: greedy decoding with a
     KV cache (lengthgen.model.generate), so exact match is that of real generation."""
 
@@ -257,9 +262,9 @@ class PredictivePositionCoupling(Method):
     needs_target_ids = True
     metric_names = ("id_accuracy",)
 
-    def __init__(self, cfg=None):
+    def __init__(self, cfg=None, id_loss_weight: float = 1.0):
         super().__init__(cfg)
-        self.id_loss_weight = cfg.train.id_loss_weight if cfg is not None else 1.0
+        self.id_loss_weight = loss_weight("id_loss_weight", id_loss_weight)
 
     @classmethod
     def check(cls, cfg, task, transform, scheme):
@@ -337,5 +342,13 @@ METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped
 
 
 def get_method(name: str, cfg: Config | None = None) -> Method:
-    """The method `name`, holding its settings from `cfg` (its defaults without one)."""
-    return METHODS[name](cfg)
+    """The method `name`, holding its settings from `cfg` and its options from cfg.method_options
+    (its defaults without one)."""
+    return METHODS[name](cfg, **(cfg.method_options if cfg is not None else {}))
+
+
+def loss_weight(option: str, value) -> float:
+    """A method's loss weight option: a finite number >= 0 (ValueError naming it otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{option} must be a finite number >= 0, got {value!r}")
+    return float(value)

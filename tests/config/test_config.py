@@ -110,7 +110,8 @@ def test_overrides_are_typed_and_win():
     ("train.data_shards=3", ["train.data_shards", "divide train.batch_size"]),
     ("train.cosine_start=100", ["train.cosine_start", "curriculum_cosine"]),
     ("train.cosine_start=-1", ["train.cosine_start", ">= 0"]),
-    ("train.halt_loss_weight=-1", ["train.halt_loss_weight", ">= 0"]),
+    ("train.halt_loss_weight=2", ["train.halt_loss_weight", "method_options.halt_loss_weight"]),
+    ("method_options.halt_loss_weight=1", ["method_options.halt_loss_weight", "not an option of ntp"]),
     ("model.embed_bias=1", ["model.embed_bias", "bool"]),
     ("task.pad_to_row=yes", ["task.pad_to_row", "bool"]),
     ("eval.confidence_precision=float16", ["eval.confidence_precision", "float64, float32"]),
@@ -127,6 +128,9 @@ def test_bad_values_name_the_key(override, names):
 
 
 @pytest.mark.parametrize("overrides, names", [
+    (["method=looped-halt", "method_options.halt_loss_weight=-1"], ["method_options", "halt_loss_weight", ">= 0"]),
+    (["method=ppc", "method_options.id_loss_weight=true"], ["method_options", "id_loss_weight", "got True"]),
+    (["method=ppc", "method_options.id_weight=2"], ["method_options.id_weight", "did you mean id_loss_weight"]),
     (["model.position=rope", "model.position_options.thetaa=5"], ["model.position_options.thetaa", "did you mean theta"]),
     (["model.position=rope", "model.position_options.theta=-1"], ["model.position_options", "theta"]),
     (["model.position=rope", "model.position_options.style=diagonal"], ["model.position_options", "style"]),
@@ -148,9 +152,9 @@ def test_bad_values_name_the_key(override, names):
     (["task.name=text", "train.position_transform=randomized", "train.position_transform_options={max_position=512}",
       "model.position=sinusoidal"], ["randomized", "perplexity"]),
     (["eval.sweep={symbols=[]}"], ["eval.sweep"]),
-], ids=["scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option", "none-has-no-options",
+], ids=["halt-weight", "id-weight-type", "method-option-hint", "scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option", "none-has-no-options",
         "table-under-transform", "pause-no-ids", "sweep-value", "two-embedding-dropouts", "randomized-text", "sweep-empty"])
-def test_scheme_transform_and_sweep_options_are_checked(overrides, names):
+def test_method_scheme_transform_and_sweep_options_are_checked(overrides, names):
     with pytest.raises(ConfigError) as err:
         assembly.load(None, overrides)
     message = str(err.value)
@@ -252,3 +256,16 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
     for name, cls in TRANSFORMS.items():
         for option in options(cls):
             assert f"`{option}`" in rows["train.position_transform_options"], (name, option)
+    for name, cls in METHODS.items():
+        for option in options(cls):
+            assert f"`{name}`" in rows["method_options"] and f"`{option}`" in rows["method_options"], (name, option)
+
+
+def test_the_methods_loss_weights_of_an_earlier_version_move_to_method_options():
+    """A config saved before 2026-11-27 lists train.id_loss_weight and train.halt_loss_weight for every
+    method: moved to method_options where set, dropped at the old default."""
+    from lengthgen.config.schema import from_data
+    old = {"method": "ppc", "train": {"steps": 5, "id_loss_weight": 0.5, "halt_loss_weight": 1.0}}
+    cfg = from_data(old)
+    assert cfg.method_options == {"id_loss_weight": 0.5} and cfg.train.steps == 5
+    assert from_data({"method": "ntp", "train": {"id_loss_weight": 1.0, "halt_loss_weight": 1.0}}).method_options == {}

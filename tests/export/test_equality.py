@@ -108,7 +108,7 @@ def test_other_looped_families(root, method, capsys):
     batch = sample_batch(run)
     with torch.no_grad():
         if method == "ntp-loop":  # a fixed loop read token by token
-            torch.testing.assert_close(hf(batch.inputs).logits, model(batch.inputs, n_steps=model.n_loops), **TOL)
+            torch.testing.assert_close(hf(batch.inputs).logits, model(batch.inputs, n_steps=run.method.n_loops), **TOL)
             prompt = batch.inputs[:, :3]
             ids = torch.arange(3)[None].expand(len(prompt), -1)
             assert torch.equal(hf.generate(prompt, max_new_tokens=2)[:, 3:], greedy(model, prompt, ids, 2, use_cache=False)[0])

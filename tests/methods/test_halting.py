@@ -24,8 +24,9 @@ from test_stop_rules import Scripted, scripted_case
 
 def build(method, weight=1.0, seed=0):
     torch.manual_seed(seed)
+    weighted = [f"method_options.halt_loss_weight={weight}"] if weight != 1.0 else []  # 1.0: the default, any method
     cfg = assembly.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
-                              f"method={method}", f"train.halt_loss_weight={weight}"])
+                              f"method={method}", *weighted])
     return get_method(method, cfg), get_method(method, cfg).build_model(cfg, get_task("copy"))
 
 

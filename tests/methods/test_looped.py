@@ -190,7 +190,7 @@ def test_ntp_loop_runs_its_block_t_train_max_times():
                              "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("multiplication"), get_method("ntp-loop")
     model = method.build_model(cfg, task).eval()
-    assert model.n_loops == steps_at(task, 5) == 10  # T = len(a) * n, a up to 2 bits
+    assert method.n_loops == steps_at(task, 5) == 10  # T = len(a) * n, a up to 2 bits
     batch = mixed_batch("multiplication", torch.tensor([1, 3, 5]))
     assert torch.allclose(method.logits(model, batch), model(batch.inputs, n_steps=10), atol=1e-6)
 

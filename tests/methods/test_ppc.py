@@ -23,14 +23,14 @@ PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", 
 
 
 def model_and_batch(weight: float = 1.0):
-    cfg = assembly.load(None, PPC + [f"train.id_loss_weight={weight}"])
+    cfg = assembly.load(None, PPC + [f"method_options.id_loss_weight={weight}"])
     task = get_task("decimal_addition", coupled=True)
     torch.manual_seed(0)
     return get_method("ppc").build_model(cfg, task).eval(), task.sample(8, 3, torch.Generator().manual_seed(0))
 
 
 def test_the_loss_adds_the_id_cross_entropy_times_its_weight():
-    method = get_method("ppc", assembly.load(None, PPC + ["train.id_loss_weight=0.5"]))
+    method = get_method("ppc", assembly.load(None, PPC + ["method_options.id_loss_weight=0.5"]))
     model, batch = model_and_batch(0.5)
     h = method.hidden(model, batch)
     tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
@@ -76,7 +76,7 @@ def test_a_tiny_run_learns_the_next_ids(tmp_path):
     """The IDs of the next digit follow a rule; 400 steps must learn them on held-out
     samples at a trained length (chance: 1 in 16; 1.000 on four seeds tried)."""
     folder = tmp_path / "run"
-    train(assembly.load(None, PPC + ["train.steps=400", "train.id_loss_weight=5.0"]), folder, progress=False)
+    train(assembly.load(None, PPC + ["train.steps=400", "method_options.id_loss_weight=5.0"]), folder, progress=False)
     model = load_run(folder)[3]
     batch = get_task("decimal_addition", coupled=True).sample(64, 4, torch.Generator().manual_seed(99))
     with torch.no_grad():
