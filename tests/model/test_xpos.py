@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import KVCache
@@ -12,6 +11,7 @@ from lengthgen.model.positions import build_scheme
 from lengthgen.model.rotary import RoPE
 from lengthgen.model.transformer import Transformer
 from lengthgen.model.xpos import XPos
+from fitting import trains_with_finite_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,16 +128,7 @@ def test_tiny_model_trains_with_finite_grads():
     torch.manual_seed(4)
     model = Transformer(cfg(n_layer=1, position_options={"scale_base": 32.0}), 11).train()
     x = torch.randint(0, 11, (4, 12), generator=torch.Generator().manual_seed(5))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(8):
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    trains_with_finite_gradients(model, x)
 
 
 def test_matches_x_transformers_rotary_xpos():
