@@ -19,6 +19,7 @@ import shlex
 import sys
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -26,6 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from lengthgen.config.schema import Config
 from lengthgen.errors import ResourceError, UserError
 
 # Everything a run folder may hold: training (config, metrics, checkpoints, a BPE tokenizer, the
@@ -34,7 +36,7 @@ RUN_NAMES = {"config.toml", "metrics.jsonl", "checkpoints", "tokenizer.json", "t
              "series.json", "eval.csv", "eval.csv.unreadable", "eval.done", "per_step.csv", "position_loss.csv",
              "token_loss.csv", "dependence.csv", "token_eval.json", "report.md", "results.csv"}
 CHECKPOINT_NAME = re.compile(r"step_\d{8}|latest")
-SECTIONS = {"method", "task", "model", "train", "eval"}  # a lengthgen config's top-level keys
+SECTIONS = {f.name for f in fields(Config)}  # a lengthgen config's top-level keys
 # What a training killed before its first checkpoint leaves: no result, so it may start afresh.
 UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", "series.json", "tensorboard", "wandb"}
 # The first line of each file a report or a reproduction writes, as lengthgen writes it.
