@@ -195,12 +195,18 @@ def cmd_reproduce(args) -> None:
     for kind, given in (("tasks", tasks), ("arms", arms)):
         if given == []:  # "--tasks ,": refused rather than read as "all of them"
             raise UserError(f"--{kind} names no {kind[:-1]}; leave it out to run the default ones")
+    axes = {}
+    for text in args.axis:  # KEY=V1,V2: the values as a folder name spells them
+        key, _, values = text.partition("=")
+        if not key.strip() or not _:
+            raise UserError(f"--axis expects KEY=VALUE[,VALUE...], e.g. --axis model.position=rope,xpos, got {text!r}")
+        axes[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
     from lengthgen.reproduce.runner import reproduce  # (--list and a refused flag do without it)
     try:
         path = reproduce(args.paper, args.scale, args.seeds, tasks, arms, Path(args.out) if args.out else None,
                          args.workers, args.samples, progress=not args.no_progress, extra=args.set,
                          threads=args.threads, backend=args.backend, address=args.address,
-                         gpus_per_job=args.gpus_per_job)
+                         gpus_per_job=args.gpus_per_job, axes=axes)
     except RunsFailed as err:  # the others' report first, then the one line that says the grid is incomplete
         if err.report is not None:
             print(err.report.read_text())
@@ -356,6 +362,9 @@ def add_reproduce_command(sub) -> None:
     rp.add_argument("--threads", type=int, default=0,
                     help="torch threads per run, and the CPUs a CPU run asks Ray for "
                          "(default: the machine's cores shared among the workers)")
+    rp.add_argument("--axis", action="append", default=[], metavar="KEY=VALUES",
+                    help="run only some values of one of the grid's axes, e.g. --axis model.position=rope,xpos "
+                         "(repeatable; default: every value)")
     rp.add_argument("--samples", type=int, default=0, help="test samples per length (default: the presets')")
     rp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for every run, e.g. train.precision=bf16 (repeatable)")

@@ -360,13 +360,31 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
     return labels, loaded
 
 
+def cut_axes(at: AtScale, tasks: list[str], axes: dict | None) -> dict[str, dict]:
+    """{task: its axes}, each axis named in `axes` ({key: [values as written]}, --axis) cut to those of
+    its values; a key no chosen task has, or a value the grid does not declare, is a UserError."""
+    whole = {task: at.axes(task) for task in tasks}
+    for key, values in (axes or {}).items():
+        declared = {cell(v) for task_axes in whole.values() for v in task_axes.get(key, [])}
+        if not declared:
+            named = sorted({k for task_axes in whole.values() for k in task_axes})
+            raise UserError(f"--axis {key}: no axis of the tasks chosen; their axes: {', '.join(named) or 'none'}")
+        unknown = [v for v in values if v not in declared]
+        if unknown or not values:
+            raise UserError(f"--axis {key}={','.join(values)}: {unknown[0] if unknown else 'no value'} is not one of "
+                            f"its values ({', '.join(sorted(declared))})")
+    return {task: {key: [v for v in vs if key not in (axes or {}) or cell(v) in axes[key]] for key, vs in task_axes.items()}
+            for task, task_axes in whole.items()}
+
+
 def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,
-         samples: int = 0, extra: list[str] | None = None, threads: int = 0) -> list[Job]:
+         samples: int = 0, extra: list[str] | None = None, threads: int = 0, axes: dict | None = None) -> list[Job]:
     """The jobs of a reproduction. `threads`: torch threads per run; 0 shares the machine's
-    cores among the workers. Every config is loaded (validated) here, in the parent process, once per
-    task, arm and axis values, with its overrides; each job carries both, seeds and threads set, so no
-    worker loads it again."""
+    cores among the workers. `axes` ({key: [values]}, --axis): run only these values of an axis. Every
+    config is loaded (validated) here, in the parent process, once per task, arm and axis values, with
+    its overrides; each job carries both, seeds and threads set, so no worker loads it again."""
     at = grid.at(scale)
+    chosen_axes = cut_axes(at, tasks, axes)
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     jobs, (labels, loaded) = [], labels_of(at, tasks, arms, list(extra or []))
     for task in tasks:
@@ -374,7 +392,7 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
         for arm in (a for a in arms if a in at.arms_of(task)):
             spec = at.arm(task, arm)
             stops, per_step = [str(parse_stop(grid, arm, s)) for s in spec.get("stops", [])], spec.get("per_step", False)
-            for values in option_combinations(at.axes(task)):
+            for values in option_combinations(chosen_axes[task]):
                 sets, run = loaded[(task, arm, tuple(values.items()))]
                 cfg, method = run.cfg, run.method
                 grid.fail_unless(method.has_stop_rules or not (stops or per_step),

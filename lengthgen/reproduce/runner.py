@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -137,6 +137,7 @@ class Reproduction:
     extra: list[str]
     layout: dict
     jobs: list[Job]
+    axes: dict = field(default_factory=dict)  # --axis: the grid's axes cut to some of their values
 
     def shape(self, where: str) -> str:
         """The line that says what runs, e.g. `18 runs (6 tasks x 3 arms x 1 seeds) in OUT/runs, 2 worker(s)`."""
@@ -151,11 +152,13 @@ class Reproduction:
         return shlex.join(["lengthgen", "reproduce", self.paper, "--scale", self.at.name, "--seeds", str(self.seeds),
                            "--tasks", ",".join(self.tasks), "--arms", ",".join(self.arms), "--out", str(self.out)]
                           + (["--samples", str(self.samples)] if self.samples else [])
+                          + [arg for key, values in self.axes.items() for arg in ("--axis", f"{key}={','.join(values)}")]
                           + [arg for e in self.extra for arg in ("--set", e)])
 
 
 def planned(paper: str, scale: str | None, seeds: int | None, tasks: list[str] | None, arms: list[str] | None,
-            out: Path | None, workers: int, samples: int, extra: list[str], threads: int) -> Reproduction:
+            out: Path | None, workers: int, samples: int, extra: list[str], threads: int,
+            axes: dict | None = None) -> Reproduction:
     """The reproduction of `paper` at `scale` (default: cpu, or the grid's first scale) with the tasks
     and arms named (default: the grid's), every config validated: what the grid refuses is one line
     here, before anything is written."""
@@ -172,11 +175,11 @@ def planned(paper: str, scale: str | None, seeds: int | None, tasks: list[str] |
     out = Path(out or f"runs/reproduce-{grid.name}-{at.name}")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
-    jobs = grids.plan(grid, at.name, tasks, arms, seeds, out, workers, samples, extra, threads)
+    jobs = grids.plan(grid, at.name, tasks, arms, seeds, out, workers, samples, extra, threads, axes)
     if not jobs:  # every chosen task runs only other arms
         runs = "; ".join(f"{task} runs {', '.join(at.arms_of(task))}" for task in tasks)
         raise UserError(f"--tasks and --arms select no run of {grid.name} ({runs})")
-    return Reproduction(paper, at, tasks, arms, seeds, out, samples, extra, layout, jobs)
+    return Reproduction(paper, at, tasks, arms, seeds, out, samples, extra, layout, jobs, dict(axes or {}))
 
 
 def check_machine(jobs: list[Job]) -> None:
@@ -192,7 +195,8 @@ def check_machine(jobs: list[Job]) -> None:
 def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,
               arms: list[str] | None = None, out: Path | None = None, workers: int | None = None,
               samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0,
-              backend: str = "local", address: str | None = None, gpus_per_job: float | None = None) -> Path:
+              backend: str = "local", address: str | None = None, gpus_per_job: float | None = None,
+              axes: dict | None = None) -> Path:
     """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) at
     `scale` (default: cpu, or the grid's first scale) and write its report. `extra`: KEY=VALUE
     config overrides applied to every run (after the arm's). `backend`: "local" (a pool of
@@ -201,11 +205,11 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
     WORKERS_PER_GPU per GPU where the runs train on CUDA, else CPU_WORKERS. The command checks
     its flags before calling this (lengthgen.cli.check_reproduce_flags)."""
     chosen = workers or default_workers(machine_gpus() if backend == "local" else 0)
-    plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads)
+    plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads, axes)
     gpus = gpus_used(plan.jobs) if backend == "local" else 0
     if workers is None and chosen != default_workers(gpus, all_captured(plan.jobs)):  # planned again, rarely
         chosen = default_workers(gpus, all_captured(plan.jobs))
-        plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads)
+        plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads, axes)
     workers = chosen
     if backend == "local":  # on a cluster, each run checks the node it lands on
         check_machine(plan.jobs)

@@ -271,3 +271,15 @@ def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):
     assert {(job.task, job.arm, ()) for job in plan.jobs} <= set(overrides) and set(overrides.values()) == {1}
     for job in plan.jobs:  # the overrides a job carries are the ones its config was loaded with
         assert job.overrides[:-3] == override(plan.at, job.task, job.arm, {})
+
+
+def test_an_axis_cut_to_some_values_runs_only_those(tmp_path):
+    """--axis model.position=rope,xpos: the matrix's scheme axis at two of its values, every task and arm."""
+    grid = grids.find("matrix")
+    jobs = grids.plan(grid, "cpu", ["parity"], ["plain"], 1, tmp_path, 1, axes={"model.position": ["rope", "xpos"]})
+    assert sorted(Path(j.folder).name for j in jobs) == ["parity-plain-position=rope-s0", "parity-plain-position=xpos-s0"]
+    assert len(grids.plan(grid, "cpu", ["parity"], ["plain"], 1, tmp_path, 1)) == len(grid.axes("cpu", "parity")["model.position"])
+    for axes, said in (({"model.positon": ["rope"]}, "no axis of the tasks chosen"),
+                       ({"model.position": ["rope", "yarn"]}, "yarn is not one of its values")):
+        with pytest.raises(UserError, match=said):
+            grids.plan(grid, "cpu", ["parity"], ["plain"], 1, tmp_path, 1, axes=axes)
