@@ -84,20 +84,8 @@ def cmd_train(args) -> None:
         print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
 
 
-def parse_sweep(text: str) -> tuple[str, list]:
-    """'symbols=[5, 10]' -> ('symbols', [5, 10]); the key stays whole (position.scaling), and a list of
-    bare words ([none,pi]) is a list of strings, as --set reads a bare word."""
-    from lengthgen.config.schema import parse_override
-
-    key, raw = (part.strip() for part in text.split("=", 1))
-    value = parse_override(f"v={raw}")["v"]
-    if isinstance(value, str) and raw.startswith("[") and raw.endswith("]"):  # not TOML: [none, pi]
-        value = [parse_override(f"v={item.strip()}")["v"] for item in raw[1:-1].split(",") if item.strip()]
-    return key, value if isinstance(value, list) else [value]
-
-
 def cmd_eval(args) -> None:
-    from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths
+    from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_sweep
     from lengthgen.evaluation.evaluate import evaluate_run, latest_state, run_folder
     from lengthgen.results.rows import COLUMNS, format_table, is_label, metric_names
 

@@ -382,3 +382,13 @@ def to_toml(cfg: Config) -> str:
         lines.append(f"\n[{section}]")
         lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """'symbols=[5, 10]' -> ('symbols', [5, 10]); the key stays whole (position.scaling), and a list of
+    bare words ([none,pi]) is a list of strings, as --set reads a bare word."""
+    key, raw = (part.strip() for part in text.split("=", 1))
+    value = parse_override(f"v={raw}")["v"]
+    if isinstance(value, str) and raw.startswith("[") and raw.endswith("]"):  # not TOML: [none, pi]
+        value = [parse_override(f"v={item.strip()}")["v"] for item in raw[1:-1].split(",") if item.strip()]
+    return key, value if isinstance(value, list) else [value]

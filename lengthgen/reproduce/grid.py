@@ -50,6 +50,7 @@ from lengthgen.assembly import Run, assemble, assembled, check_sweep
 from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, option_combinations, read,
                                      to_dict, toml_value, tomllib)
 from lengthgen.errors import UserError
+from lengthgen.reproduce.axes import axis_name, cut_axes
 from lengthgen.results.rows import cell
 from lengthgen.methods.looped.stop_rules import parse_rule
 
@@ -171,8 +172,7 @@ class Grid:
         for i, entry in enumerate(grid.get("evaluate", [])):
             self.check_keys(entry, EVALUATE_KEYS, f"evaluate[{i}]")
             sweep = entry.get("sweep")
-            self.fail_unless(bool(sweep), f"evaluate[{i}] needs a sweep, "
-                             'e.g. sweep = {"position.scaling" = ["none", "pi"]}')
+            self.fail_unless(bool(sweep), f'evaluate[{i}] needs a sweep, e.g. sweep = {{"position.scaling" = ["none", "pi"]}}')
             for key, values in sweep.items():
                 self.fail_unless(isinstance(values, list) and values,
                                  f"evaluate[{i}].sweep.{key} must be a non-empty list")
@@ -283,10 +283,6 @@ class AtScale:
         return sets
 
 
-def axis_name(key: str) -> str:
-    return key.rsplit(".", 1)[-1]  # task.options.k_train -> k_train
-
-
 def find(paper: str, root: Path | None = None) -> Grid:
     """The grid of `paper`: a folder name under experiments/, or a path to a grid folder or file."""
     root = root or ROOT
@@ -358,23 +354,6 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
                   and len({repr(c.get(k)) for c in table.values()}) > 1]
         labels.update({run: {"arm": run[1], **{k: c.get(k, "") for k in differ}} for run, c in table.items()})
     return labels, loaded
-
-
-def cut_axes(at: AtScale, tasks: list[str], axes: dict | None) -> dict[str, dict]:
-    """{task: its axes}, each axis named in `axes` ({key: [values as written]}, --axis) cut to those of
-    its values; a key no chosen task has, or a value the grid does not declare, is a UserError."""
-    whole = {task: at.axes(task) for task in tasks}
-    for key, values in (axes or {}).items():
-        declared = {cell(v) for task_axes in whole.values() for v in task_axes.get(key, [])}
-        if not declared:
-            named = sorted({k for task_axes in whole.values() for k in task_axes})
-            raise UserError(f"--axis {key}: no axis of the tasks chosen; their axes: {', '.join(named) or 'none'}")
-        unknown = [v for v in values if v not in declared]
-        if unknown or not values:
-            raise UserError(f"--axis {key}={','.join(values)}: {unknown[0] if unknown else 'no value'} is not one of "
-                            f"its values ({', '.join(sorted(declared))})")
-    return {task: {key: [v for v in vs if key not in (axes or {}) or cell(v) in axes[key]] for key, vs in task_axes.items()}
-            for task, task_axes in whole.items()}
 
 
 def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,
