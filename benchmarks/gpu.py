@@ -82,7 +82,7 @@ class Stepper:
         if self.captured is not None:
             return self.captured(batch, tr.lr)
         state.optimizer.zero_grad(set_to_none=True)  # the trainer's eager step (Trainer.learn, update)
-        loss = backward(lambda b: self.run.method.loss(state.model, b), [batch], self.run.cfg, 0, range(1), self.device)
+        loss = backward(lambda b: self.run.method.loss(state.model, b), [batch], self.run.cfg.train, 0, range(1), self.device)
         update(state.optimizer, state.model, tr.lr, tr.grad_clip)
         return loss
 

@@ -118,7 +118,7 @@ def step_cost(run, device: torch.device, fraction: int, steps: int, compile: boo
         optimizer.zero_grad(set_to_none=True)
         if compile and device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # as training does (lengthgen.training.trainer)
-        backward(loss_of, batches, cfg, step, range(1), device)
+        backward(loss_of, batches, cfg.train, step, range(1), device)
         if tr.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
         optimizer.step()

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import torch
 
-from lengthgen.assembly import longest_sequence
+from lengthgen.assembly import training_positions
 from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import load_assembled
@@ -40,7 +40,7 @@ def check_fits(run, length: int) -> None:
     if run.scheme.has_table:
         at = copy.deepcopy(cfg)
         at.task.train_max = length
-        need = longest_sequence(replace(run, cfg=at))
+        need = training_positions(replace(run, cfg=at))[0]
         if need > cfg.model.max_positions:
             raise UserError(f"length {length} needs {need} positions; the run's table has "
                             f"model.max_positions = {cfg.model.max_positions}")

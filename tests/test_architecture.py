@@ -254,6 +254,42 @@ def test_validation_names_no_scheme_or_transform_either():
         assert not named, f"lengthgen/{file} names {sorted(named)}"
 
 
+
+# the config's sections, and the hooks a variant implements: each implementation reads what it needs
+# (NTPLoop.build_model reads task and model, a curriculum schedule train and task), so they take it whole
+SECTIONS = {"method", "method_options", "task", "model", "train", "eval"}
+HOOKS = {"build_model", "finish", "check", "decay_start", "rate"}
+
+
+def whole_config_for_one_section(source: str) -> list[str]:
+    """Functions that take the whole config (`cfg` or `config`), read one section of it, and never hand
+    it on: they should take that section."""
+    found = []
+    for cls_or_fn in ast.walk(ast.parse(source)):
+        body = cls_or_fn.body if isinstance(cls_or_fn, (ast.Module, ast.ClassDef)) else []
+        for fn in (node for node in body if isinstance(node, ast.FunctionDef)):
+            if isinstance(cls_or_fn, ast.ClassDef) and fn.name in HOOKS:
+                continue
+            for arg in (a.arg for a in fn.args.args + fn.args.kwonlyargs if a.arg in ("cfg", "config")):
+                read = [n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)
+                        and isinstance(n.value, ast.Name) and n.value.id == arg]
+                named = sum(isinstance(n, ast.Name) and n.id == arg for n in ast.walk(fn))
+                if named == len(read) and len(set(read)) == 1 and set(read) <= SECTIONS:
+                    found.append(f"{fn.name} reads only {arg}.{read[0]}")
+    return found
+
+
+def test_a_function_receives_the_section_it_reads():
+    """Sections belong to their components: a function reading one section takes that section, not
+    the whole config (the assembled run and the checks that compare sections take it whole)."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found = whole_config_for_one_section(path.read_text())
+        assert not found, f"{path.relative_to(PACKAGE.parent)}: {found}"
+    planted = "def steps_left(cfg, step):\n    return cfg.train.steps - step\n"
+    assert whole_config_for_one_section(planted) == ["steps_left reads only cfg.train"]
+    handed_on = "def total(cfg):\n    return cfg.train.steps + other(cfg)\n"
+    assert whole_config_for_one_section(handed_on) == []
+
 @pytest.mark.parametrize("module, target", [("lengthgen.model.transformer", "lengthgen.reporting.report"),
                                             ("lengthgen.config.checks", "lengthgen.assembly"),
                                             ("lengthgen.runtime.checkpoint", "lengthgen.assembly"),

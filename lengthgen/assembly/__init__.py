@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.config.checks import built, check, check_choice, check_options, rule, validate
-from lengthgen.config.schema import Config, from_data, option_combinations, parse_lengths, read
+from lengthgen.config.schema import Config, ModelConfig, TrainConfig, from_data, option_combinations, parse_lengths, read
 from lengthgen.errors import ConfigError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, Method, get_method
@@ -36,6 +36,7 @@ class Run:
     method: Method
     scheme: type  # the positional scheme's class (the model builds its instance)
     transform: PositionTransform
+    widest: int = 0  # tokens in the widest training sequence at task.train_max (training_positions), measured once
 
 
 def assemble(preset: str | Path | None = None, overrides: list[str] = ()) -> Run:
@@ -60,8 +61,10 @@ def assembled(cfg: Config) -> Run:
     """The parts of a config checked before (a reproduction's job carries the config its plan
     checked), built without checking it again."""
     tr = cfg.train
-    return Run(cfg, task_of(cfg.task), get_method(cfg.method, cfg), SCHEMES[cfg.model.position],
-               build_transform(tr.position_transform, tr.position_transform_options))
+    run = Run(cfg, task_of(cfg.task), get_method(cfg.method, cfg), SCHEMES[cfg.model.position],
+              build_transform(tr.position_transform, tr.position_transform_options))
+    run.widest = training_positions(run)[0]
+    return run
 
 
 def checked(cfg: Config) -> Run:
@@ -71,17 +74,18 @@ def checked(cfg: Config) -> Run:
     task = checked_task(cfg)
     check_options("method_options", cfg.method_options, METHODS[cfg.method], cfg.method, skip=("cfg",))
     method = built("method_options", lambda: get_method(cfg.method, cfg))
-    check_stops(cfg, method)
+    check_stops(cfg.train, method)
     check(cfg.model.causal or method.bidirectional,
           f"model.causal = false (bidirectional attention) needs a method that reads whole answers from blank slots "
           f"without decoding (one with the bidirectional capability: {', '.join(bidirectional_methods())}); "
           f"method {cfg.method} would see the tokens it predicts")
-    scheme = checked_scheme(cfg)
+    scheme = checked_scheme(cfg.model)
     check_sweep(cfg, task)
     check_token_reading(cfg, method, scheme)
     transform = checked_transform(cfg, task, method, scheme)
     run = Run(cfg, task, method, scheme, transform)
-    check_position_range(run)
+    run.widest, largest = training_positions(run)
+    check_position_range(run, largest)
     return run
 
 
@@ -125,10 +129,10 @@ def checked_task(cfg: Config) -> Task:
     return task
 
 
-def check_stops(cfg: Config, method: Method) -> None:
+def check_stops(tr: TrainConfig, method: Method) -> None:
     """train.test_stops: rules the method can apply (a method without stop rules ignores them: a
     grid's ntp arm on a looped preset)."""
-    for stop in cfg.train.test_stops:
+    for stop in tr.test_stops:
         try:
             stop_rule = parse_rule(str(stop))
             if method.has_stop_rules:
@@ -137,9 +141,8 @@ def check_stops(cfg: Config, method: Method) -> None:
             raise ConfigError(f"train.test_stops: {err}") from None
 
 
-def checked_scheme(cfg: Config) -> type:
+def checked_scheme(m: ModelConfig) -> type:
     """The positional scheme's class, its settings and option values checked (it checks its own)."""
-    m = cfg.model
     scheme = SCHEMES[m.position]
     rule(lambda: scheme.check(m))
     check(m.causal or scheme.bidirectional,
@@ -217,14 +220,14 @@ def checked_transform(cfg: Config, task: Task, method: Method, scheme: type) -> 
     return built_transform
 
 
-def check_position_range(run: Run) -> None:
-    """A table (or ppc's ID head) of max_positions rows holds every ID training makes: an overrun
-    would fail at step 1, after the run folder is made."""
+def check_position_range(run: Run, largest_base: int) -> None:
+    """A table (or ppc's ID head) of max_positions rows holds every ID training makes (the largest
+    before the transform: `largest_base`): an overrun would fail at step 1, after the run folder is made."""
     m, name = run.cfg.model, run.cfg.train.position_transform
     sized = run.scheme.has_table or run.method.needs_target_ids
     if not (sized or run.transform.changes_ids):
         return
-    largest = largest_position_id(run)
+    largest = largest_position_id(run, largest_base)
     if not run.transform.changes_ids:
         check(largest < m.max_positions,
               f"model.max_positions ({m.max_positions}) is shorter than the longest training sequence "
@@ -251,16 +254,9 @@ def training_positions(run: Run) -> tuple[int, int]:
     return batch.inputs.shape[1], largest
 
 
-def longest_sequence(run: Run) -> int:
-    """Tokens in the widest training sequence at task.train_max."""
-    return training_positions(run)[0]
-
-
-def largest_position_id(run: Run) -> int:
-    """The largest position ID training can produce: the task's (or 0..L-1's) at
-    task.train_max, as the position transform maps it. ConfigError if it does not fit the
-    transform's range."""
-    _, base = training_positions(run)
+def largest_position_id(run: Run, base: int) -> int:
+    """The largest position ID training can produce: the task's (or 0..L-1's) at task.train_max,
+    `base`, as the position transform maps it. ConfigError if it does not fit the transform's range."""
     return built("train.position_transform_options", lambda: run.transform.largest_id(base))
 
 

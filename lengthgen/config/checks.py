@@ -11,7 +11,8 @@ from dataclasses import fields
 
 from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, LENGTH_SAMPLING,
                                      LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS,
-                                     PRECISIONS, Config, _hint, parse_lengths)
+                                     PRECISIONS, Config, EvalConfig, ModelConfig, TaskConfig, TrainConfig, _hint,
+                                     parse_lengths)
 from lengthgen.config.dependence import Dependence
 from lengthgen.config.schedules import SCHEDULES
 from lengthgen.errors import ConfigError
@@ -59,15 +60,15 @@ def built(key: str, make):
 def validate(cfg: Config) -> Config:
     """Reject impossible values of each section on its own; each message names the key."""
     check_finite(cfg)
-    check_task(cfg)
-    check_model(cfg)
+    check_task(cfg.task)
+    check_model(cfg.model)
     check_train(cfg)
-    check_schedule(cfg)
-    check_finite_set(cfg)
-    check_run_settings(cfg)
-    check_eval(cfg)
-    check_tests(cfg)
-    check_token_eval(cfg)
+    check_schedule(cfg.train)
+    check_finite_set(cfg.train)
+    check_run_settings(cfg.train)
+    check_eval(cfg.eval)
+    check_tests(cfg.train)
+    check_token_eval(cfg.eval)
     return cfg
 
 
@@ -79,16 +80,14 @@ def check_finite(cfg: Config) -> None:
             check(f.type != "float" or math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value}")
 
 
-def check_task(cfg: Config) -> None:
-    t = cfg.task
+def check_task(t: TaskConfig) -> None:
     check(t.train_min >= 1, f"task.train_min must be >= 1, got {t.train_min}")
     check(t.train_max >= t.train_min, f"task.train_max ({t.train_max}) must be >= task.train_min ({t.train_min})")
     check(t.train_max <= MAX_LENGTH, f"task.train_max must be <= {MAX_LENGTH}, got {t.train_max}")
     check(0 <= t.trailing_pad <= MAX_LENGTH, f"task.trailing_pad must be in 0..{MAX_LENGTH}, got {t.trailing_pad}")
 
 
-def check_model(cfg: Config) -> None:
-    m = cfg.model
+def check_model(m: ModelConfig) -> None:
     for key in ("d_model", "n_layer", "n_head", "mlp_ratio", "max_positions"):
         check(getattr(m, key) >= 1, f"model.{key} must be >= 1, got {getattr(m, key)}")
     check(m.d_model % m.n_head == 0, f"model.n_head ({m.n_head}) must divide model.d_model ({m.d_model})")
@@ -117,9 +116,8 @@ def check_train(cfg: Config) -> None:
     check(0 <= tr.ema_start < max(tr.steps, 1), f"train.ema_start must be in 0..train.steps - 1 ({tr.steps - 1}), got {tr.ema_start}")
 
 
-def check_schedule(cfg: Config) -> None:
+def check_schedule(tr: TrainConfig) -> None:
     """The learning-rate schedule and the settings it reads."""
-    tr = cfg.train
     check_choice("train.schedule", tr.schedule, SCHEDULES)
     check(tr.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {tr.warmup_steps}")
     check(0 <= tr.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {tr.min_lr_ratio}")
@@ -128,9 +126,8 @@ def check_schedule(cfg: Config) -> None:
         check(False, problem)
 
 
-def check_run_settings(cfg: Config) -> None:
+def check_run_settings(tr: TrainConfig) -> None:
     """Where and how a run executes: precision, threads, shards, log sinks, seeds, device."""
-    tr = cfg.train
     check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
     check(0 <= tr.threads <= MAX_THREADS, f"train.threads must be in 0..{MAX_THREADS}, got {tr.threads}")
     check(1 <= tr.data_shards <= tr.batch_size and tr.batch_size % tr.data_shards == 0,
@@ -143,8 +140,7 @@ def check_run_settings(cfg: Config) -> None:
           f"train.device {tr.device!r} must be auto, cpu, cuda, cuda:N or mps")
 
 
-def check_eval(cfg: Config) -> None:
-    ev = cfg.eval
+def check_eval(ev: EvalConfig) -> None:
     check(ev.confidence_precision in CONFIDENCE_PRECISIONS, f"eval.confidence_precision {ev.confidence_precision!r} "
           f"is unknown; choose from {', '.join(CONFIDENCE_PRECISIONS)}")
     check(0 <= ev.seed < MAX_EVAL_SEED, f"eval.seed must be in [0, 2**40), got {ev.seed}")
@@ -158,10 +154,9 @@ def check_eval(cfg: Config) -> None:
           f"eval.position_draws must be an integer in [1, 1000], got {ev.position_draws}")
 
 
-def check_finite_set(cfg: Config) -> None:
+def check_finite_set(tr: TrainConfig) -> None:
     """train.dataset_size: 0 (fresh samples) or a set drawn once over the whole training range,
     read by one stream (lengthgen.training.finite_set)."""
-    tr = cfg.train
     check(0 <= tr.dataset_size <= MAX_DATASET, f"train.dataset_size must be in 0..{MAX_DATASET} (0 = fresh samples "
                                                f"every step), got {tr.dataset_size}")
     if not tr.dataset_size:
@@ -174,11 +169,10 @@ def check_finite_set(cfg: Config) -> None:
                                f"(now {tr.data_shards})")
 
 
-def check_token_eval(cfg: Config) -> None:
+def check_token_eval(ev: EvalConfig) -> None:
     """eval.token_*: distinct contexts within the longest length; eval.dependence: two contexts at
     least, options of lengthgen.config.dependence.Dependence. (Which method and table can read them is
     the assembled run's check.)"""
-    ev = cfg.eval
     contexts = ev.token_contexts
     check(all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_LENGTH for c in contexts)
           and len(set(contexts)) == len(contexts),
@@ -192,10 +186,9 @@ def check_token_eval(cfg: Config) -> None:
     built("eval.dependence_options", lambda: Dependence(**ev.dependence_options))
 
 
-def check_tests(cfg: Config) -> None:
+def check_tests(tr: TrainConfig) -> None:
     """train.test_*: an interval, an offset within it, lengths as eval.lengths. (The stop rules are
     checked against the method where the run is assembled.)"""
-    tr = cfg.train
     check(tr.test_interval >= 0, f"train.test_interval must be >= 0 (0 = off), got {tr.test_interval}")
     check(tr.test_samples >= 1, f"train.test_samples must be >= 1, got {tr.test_samples}")
     check(0 <= tr.test_offset < max(tr.test_interval, 1),

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from lengthgen.config.dependence import Dependence
+from lengthgen.config.schema import EvalConfig
 from lengthgen.evaluation.language_model import ablated_losses, documents
 from lengthgen.model.attention import recording
 from lengthgen.results.token_files import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, write_cost, write_dependence, write_token_losses
@@ -160,7 +161,7 @@ def measure(method, model, stream, losses: dict[str, np.ndarray], contexts: list
     return rows, cost
 
 
-def evaluate_tokens(out: Path, cfg, task, method, model, device: torch.device, batch_tokens: int,
+def evaluate_tokens(out: Path, ev: EvalConfig, task, method, model, device: torch.device, batch_tokens: int,
                     step: int = -1) -> dict | None:
     """The per-token evaluation of a run's config (eval.token_*) -> out/token_loss.csv, and with
     eval.dependence the search for k -> out/dependence.csv; their costs -> out/token_eval.json.
@@ -168,7 +169,7 @@ def evaluate_tokens(out: Path, cfg, task, method, model, device: torch.device, b
     and the files are there: `lengthgen eval RUN --lengths 8192` does not pay for them again."""
     from lengthgen.evaluation.language_model import token_losses
 
-    ev, out = cfg.eval, Path(out)
+    out = Path(out)
     settings = {"step": step, "contexts": list(ev.token_contexts), "stride": ev.token_stride, "limit": ev.token_limit,
                 "dependence": ev.dependence, "options": asdict(Dependence(**ev.dependence_options))}
     files = [out / TOKEN_LOSS] + ([out / DEPENDENCE] if ev.dependence else [])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from lengthgen.assembly import Run
-from lengthgen.config.schema import Config, parse_lengths
+from lengthgen.config.schema import Config, TrainConfig, parse_lengths
 from lengthgen.evaluation.evaluate import rules_at
 from lengthgen.runtime.devices import autocast
 from lengthgen.results.metrics_log import PREFIX
@@ -23,9 +23,8 @@ from lengthgen.tasks import Task, task_of
 
 
 
-def due(cfg: Config, step: int) -> bool:
+def due(tr: TrainConfig, step: int) -> bool:
     """Whether the tests run after `step`: steps test_offset + k * test_interval (k >= 0, step >= 1)."""
-    tr = cfg.train
     return tr.test_interval > 0 and step >= max(tr.test_offset, 1) and (step - tr.test_offset) % tr.test_interval == 0
 
 
@@ -70,7 +69,7 @@ class TestsDuringTraining:
         self.tested = task_of(run.cfg.task, **tr.test_options) if tr.test_options else run.task
 
     def due(self, step: int, last: bool) -> bool:
-        return due(self.cfg, step) or last
+        return due(self.cfg.train, step) or last
 
     def __call__(self, weights, current_max: int) -> dict:
         return run_tests(self.run, self.tested, weights, current_max, self.device)

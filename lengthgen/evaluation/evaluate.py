@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lengthgen.assembly import Run, assemble_saved, check_sweep
-from lengthgen.config.schema import Config, option_combinations
+from lengthgen.config.schema import Config, TrainConfig, option_combinations
 from lengthgen.errors import ResourceError, UserError, path_problem
 from lengthgen.evaluation.position_scaling import Stretcher, split_options, with_factor
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
@@ -241,7 +241,7 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
     own = task.metric_names + method.metric_names  # the row's own metric columns, named in its `metrics` cell
     sweep, variants = swept_tasks(cfg, task, sweep, [*own, *labels])
     device = next(model.parameters()).device
-    precision = eval_precision(cfg, device, folder)
+    precision = eval_precision(cfg.train, device, folder)
     batch_size = batch_size or cfg.eval.batch_size
     draws = cfg.eval.position_draws if position_draws is None else position_draws
     compiled = (cfg.eval.compile if compile is None else compile) and compile_blocks(model, device, "eval.compile")
@@ -267,7 +267,7 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
         from lengthgen.evaluation.dependence import evaluate_tokens
 
         with autocast(device, precision):
-            evaluate_tokens(out, cfg, task, method, model, device, batch_size * cfg.task.train_max, step)
+            evaluate_tokens(out, cfg.eval, task, method, model, device, batch_size * cfg.task.train_max, step)
     return rows
 
 
@@ -302,14 +302,14 @@ def swept_tasks(cfg: Config, task: Task, sweep: dict | None, columns: list[str])
     return sweep, [(options, tasks[repr(split_options(options)[0])]) for options in combos]
 
 
-def eval_precision(cfg: Config, device: torch.device, folder: Path) -> str:
+def eval_precision(tr: TrainConfig, device: torch.device, folder: Path) -> str:
     """train.precision, or fp32 where the device has no native bf16 (the weights are fp32: they
     are evaluated as they are)."""
-    if cfg.train.precision == "bf16" and not native_bf16(device):
+    if tr.precision == "bf16" and not native_bf16(device):
         print(f"note: {folder} trained in bf16; this {device.type} has no native bf16, so it is evaluated in fp32",
               file=sys.stderr)
         return "fp32"
-    return cfg.train.precision
+    return tr.precision
 
 
 def fitting_batches(cfg: Config, cases: list, samples: int, batch_size: int, device: torch.device) -> dict:

@@ -46,27 +46,24 @@ def sequence_width(run: Run, task: Task, length: int) -> int:
 
 class Stretcher:
     """The stretch of one evaluation: `at(model, options, task, length)` is the context in which one
-    length of one sweep combination is measured."""
+    length of one sweep combination is measured. Widths are measured once per task and length, however
+    many scalings read them; training's is the assembled run's (`Run.widest`)."""
 
     def __init__(self, run: Run):
         self.run = run
-        self._train_width = None
-
-    @property
-    def train_width(self) -> int:
-        if self._train_width is None:  # measured once, only when a scaling needs it
-            cfg = self.run.cfg
-            self._train_width = sequence_width(self.run, self.run.task, cfg.task.train_max)
-        return self._train_width
+        self.train_width = run.widest
+        self._widths = {}
 
     def factor(self, options: dict, task: Task, length: int) -> float:
         given = options.get(FACTOR, "dynamic")
         if given != "dynamic":
             return float(given)
-        try:
-            return dynamic_factor(sequence_width(self.run, task, length), self.train_width)
-        except ValueError as err:  # a length the task refuses, named as evaluate_length names it
-            raise UserError(f"cannot evaluate length {length}: {err}") from None
+        if (id(task), length) not in self._widths:
+            try:
+                self._widths[id(task), length] = sequence_width(self.run, task, length)
+            except ValueError as err:  # a length the task refuses, named as evaluate_length names it
+                raise UserError(f"cannot evaluate length {length}: {err}") from None
+        return dynamic_factor(self._widths[id(task), length], self.train_width)
 
     def at(self, model: torch.nn.Module, options: dict, task: Task, length: int):
         scaling = options.get(SCALING, "none")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lengthgen.config.schema import RUNTIME_KEYS, flat, parse_lengths, read, to_dict
+from lengthgen.config.schema import RUNTIME_KEYS, EvalConfig, flat, parse_lengths, read, to_dict
 from lengthgen.errors import UserError
 from lengthgen.evaluation.during_training import training_tests
 from lengthgen.evaluation.evaluate import evaluate_run
@@ -41,14 +41,14 @@ def config_difference(folder: Path, cfg) -> str | None:
     return None
 
 
-def eval_settings(job: Job, cfg) -> dict:
+def eval_settings(job: Job, ev: EvalConfig) -> dict:
     """What a run's evaluation depends on beyond its config; recorded in eval.done."""
-    settings = {"samples": job.samples or cfg.eval.samples, "lengths": parse_lengths(cfg.eval.lengths),
+    settings = {"samples": job.samples or ev.samples, "lengths": parse_lengths(ev.lengths),
                 "stops": job.stops, "per_step": job.per_step}
     if job.sweep:  # a grid's [[evaluate]] sweep (recorded only where there is one: older eval.done files stay current)
         settings["sweep"] = job.sweep
-    if cfg.eval.token_contexts:  # the per-token files too (their settings are the run's config, checked apart)
-        settings["token_files"] = ["token_loss.csv"] + (["dependence.csv"] if cfg.eval.dependence else [])
+    if ev.token_contexts:  # the per-token files too (their settings are the run's config, checked apart)
+        settings["token_files"] = ["token_loss.csv"] + (["dependence.csv"] if ev.dependence else [])
     return settings
 
 
@@ -89,7 +89,7 @@ def run_job(job: Job) -> dict:
         if difference:
             raise UserError(f"{folder} holds a run of another config ({difference}); "
                             "use another --out or delete that folder")
-        settings, done = eval_settings(job, cfg), folder / "eval.done"
+        settings, done = eval_settings(job, cfg.eval), folder / "eval.done"
         finished = is_finished(folder)
         skipped = finished and evaluation_current(folder, settings)
         if not skipped:
@@ -125,6 +125,6 @@ def already_done(job: Job) -> bool:
     if not (folder / "eval.done").is_file():
         return False
     try:
-        return is_finished(folder) and evaluation_current(folder, eval_settings(job, job.loaded()))
+        return is_finished(folder) and evaluation_current(folder, eval_settings(job, job.loaded().eval))
     except Exception:
         return False

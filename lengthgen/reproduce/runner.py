@@ -30,7 +30,6 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lengthgen.assembly import longest_sequence
 from lengthgen.errors import RunsFailed, UserError
 from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.report import DEFAULT_LAYOUT, figure_specs, write_report
@@ -189,7 +188,7 @@ def check_machine(jobs: list[Job]) -> None:
     for device, precision in {(r.cfg.train.device, r.cfg.train.precision) for r in runs}:
         check_precision(pick_device(device), precision)
     for run in runs:
-        check_fits(run.cfg, run.task.vocab_size, longest_sequence(run), pick_device(run.cfg.train.device))
+        check_fits(run.cfg, run.task.vocab_size, run.widest, pick_device(run.cfg.train.device))
 
 
 def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from lengthgen.config.schema import Config, parse_lengths
+from lengthgen.config.schema import Config, ModelConfig, parse_lengths
 from lengthgen.model.positions import SCHEMES
 from lengthgen.model.transformer import MLPS
 from lengthgen.tasks import TASKS
@@ -68,10 +68,9 @@ def available_memory(device: torch.device) -> int | None:
     return min(limits) if limits else None
 
 
-def parameters_at_least(cfg: Config, vocab_size: int) -> int:
+def parameters_at_least(m: ModelConfig, vocab_size: int) -> int:
     """The parameters of the model's matrices (biases, norms and any scheme's own left out; a gated
     MLP has three matrices, the others two)."""
-    m = cfg.model
     per_block = 4 * m.d_model ** 2 + MLPS[m.mlp][0].matrices * m.mlp_ratio * m.d_model ** 2
     tables = vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     if SCHEMES[m.position].trains_table:
@@ -91,21 +90,21 @@ def _terms_line(terms: dict) -> tuple[int, str, str]:
     return total, how, keys
 
 
-def attention_held(cfg: Config, device: torch.device | None) -> bool:
+def attention_held(m: ModelConfig, device: torch.device | None) -> bool:
     """Whether attention's weights (batch x heads x tokens^2) are held: always by the bias and content
     paths; on CUDA, plain SDPA's fused kernels keep only O(tokens) per head, so there they are not."""
-    scheme = SCHEMES[cfg.model.position]
+    scheme = SCHEMES[m.position]
     return device is None or device.type != "cuda" or scheme.has_bias or scheme.has_content
 
 
 def training_terms(cfg: Config, vocab_size: int, tokens: int, device: torch.device | None = None) -> dict:
     """{name: (a lower bound of the bytes training holds for it, how it is made up, the keys that set it)}."""
     m, tr = cfg.model, cfg.train
-    heads = m.n_head if attention_held(cfg, device) else 0
+    heads = m.n_head if attention_held(cfg.model, device) else 0
     per_param = FP32 * (4 + (tr.ema > 0))  # weights, gradients, AdamW's 2 moments (+ EMA), fp32
     tables = vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     positions = m.max_positions * m.d_model if SCHEMES[m.position].trains_table else 0
-    blocks = parameters_at_least(cfg, vocab_size) - tables - positions
+    blocks = parameters_at_least(cfg.model, vocab_size) - tables - positions
     test_length = max(parse_lengths(tr.test_lengths), default=0) if tr.test_lengths else 0
     tested = tr.test_samples * max(test_length, cfg.task.train_max) * TOKEN if tr.test_interval else 0
     # the run's own evaluation (eval.samples at eval.lengths) holds its test set whole; a corpus's is read from disk
@@ -158,11 +157,10 @@ def sample_bytes(batch) -> int:
     return -(-held // len(batch))
 
 
-def evaluation_terms(cfg: Config, vocab_size: int, width: int, batch: int, device: torch.device | None = None) -> dict:
+def evaluation_terms(m: ModelConfig, vocab_size: int, width: int, batch: int, device: torch.device | None = None) -> dict:
     """{name: (bytes, how, keys)} of one forward pass of `batch` sequences of `width` tokens, without
     gradients: one block's input, output and MLP units, its attention weights, and the logits."""
-    m = cfg.model
-    heads = m.n_head if attention_held(cfg, device) else 0
+    heads = m.n_head if attention_held(m, device) else 0
     return {
         "attention": (batch * heads * width ** 2 * FP32, f"batch {batch:,} x {heads} heads x {width:,}² tokens",
                       "--batch-size"),
@@ -174,7 +172,7 @@ def evaluation_terms(cfg: Config, vocab_size: int, width: int, batch: int, devic
     }
 
 
-def eval_batch(cfg: Config, vocab_size: int, length: int, width: int, per_sample: int, samples: int, batch: int,
+def eval_batch(m: ModelConfig, vocab_size: int, length: int, width: int, per_sample: int, samples: int, batch: int,
                device: torch.device) -> int:
     """The largest batch, at most `batch`, whose evaluation at `length` (sequences of `width` tokens, a
     test set of `samples` x `per_sample` bytes held whole) fits the device's memory under a lower
@@ -184,13 +182,13 @@ def eval_batch(cfg: Config, vocab_size: int, length: int, width: int, per_sample
     have = available_memory(device)
     if have is None:
         return batch
-    fixed = parameters_at_least(cfg, vocab_size) * FP32 + samples * per_sample  # weights, the test set
+    fixed = parameters_at_least(m, vocab_size) * FP32 + samples * per_sample  # weights, the test set
     if fixed > have:
         raise ResourceError(f"the test set of {samples:,} samples at length {length:,} "
                             f"({human_bytes(samples * per_sample)}) and the weights need at least "
                             f"{human_bytes(fixed)}; the {device.type} has "
                             f"{human_bytes(have)}: lower --samples (eval.samples)")
-    one, how, _ = _terms_line(evaluation_terms(cfg, vocab_size, width, 1, device))
+    one, how, _ = _terms_line(evaluation_terms(m, vocab_size, width, 1, device))
     if fixed + one > have:  # no batch is small enough: only a shorter length is
         raise ResourceError(f"evaluating length {length:,} needs at least {human_bytes(fixed + one)} for one sequence "
                             f"of {width:,} tokens ({how}); the {device.type} has {human_bytes(have)}: evaluate "
@@ -233,7 +231,7 @@ def batches_that_fit(cfg: Config, cases: list, samples: int, batch: int,
             continue
         read = task.evaluation == "perplexity"
         asked = max(1, batch * cfg.task.train_max // length) if read else batch
-        fit = eval_batch(cfg, task.vocab_size, length, one.inputs.shape[1], 0 if read else sample_bytes(one),
+        fit = eval_batch(cfg.model, task.vocab_size, length, one.inputs.shape[1], 0 if read else sample_bytes(one),
                          0 if read else samples, asked, device)
         fits[task, length] = (fit, fit * length)
         if fit < asked:

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.assembly import Run, assemble_saved, assembled, longest_sequence
+from lengthgen.assembly import Run, assemble_saved, assembled
 from lengthgen.config.schedules import curriculum_max, learning_rate
-from lengthgen.config.schema import Config, to_dict, to_toml
+from lengthgen.config.schema import Config, TrainConfig, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
@@ -71,17 +71,17 @@ def draw_batches(cfg: Config, task: Task, transform, step: int, high: int, data:
     return batches
 
 
-def backward(loss_of, batches: list[Batch], cfg: Config, step: int, shards: range,
+def backward(loss_of, batches: list[Batch], tr: TrainConfig, step: int, shards: range,
              device: torch.device) -> torch.Tensor:
     """Gradients of the mean of the batches' losses (DDP averages them over processes); returns
     that mean. A shard's dropout is seeded by (model_seed, shard, step): the same masks whichever
     process draws the shard."""
     total = torch.zeros((), device=device)
     for i, (shard, batch) in enumerate(zip(shards, batches)):
-        if cfg.train.data_shards > 1:
-            torch.manual_seed(shard_seed("dropout", cfg.train.model_seed, shard, step))
+        if tr.data_shards > 1:
+            torch.manual_seed(shard_seed("dropout", tr.model_seed, shard, step))
         with no_sync(loss_of, last=i == len(batches) - 1):
-            with autocast(device, cfg.train.precision):
+            with autocast(device, tr.precision):
                 loss = loss_of(batch.to(device))
             (loss / len(batches)).backward()
         total += loss.detach()
@@ -176,14 +176,14 @@ class Trainer:
         optimizer = self.state.optimizer
         optimizer.zero_grad(set_to_none=True)
         try:
-            return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
+            return backward(self.loss_of, batches, self.cfg.train, self.state.step, self.shards, self.device)
         except Exception as err:
             if not (self.compiled and compile_failed(err)):
                 raise
             fall_back(self.state.model, err)
             self.compiled = False
             optimizer.zero_grad(set_to_none=True)
-            return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
+            return backward(self.loss_of, batches, self.cfg.train, self.state.step, self.shards, self.device)
 
     def replayed(self, batches: list[Batch], lr: float) -> torch.Tensor | None:
         """The whole step from a CUDA graph (gradients, clipping, the optimizer): its loss, or None
@@ -290,7 +290,7 @@ class Trainer:
                     bar.update(1)
         except (MemoryError, RuntimeError, OSError, TrainingDiverged) as err:
             bar.close()
-            fault = resource_fault(err, cfg, folder, state.step) if not isinstance(err, TrainingDiverged) else None
+            fault = resource_fault(err, cfg.train, folder, state.step) if not isinstance(err, TrainingDiverged) else None
             if fault is None:
                 raise
             raise fault from None
@@ -332,7 +332,7 @@ def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool
     run = replace(run, cfg=ranks.sharded(run.cfg, resume))
     cfg, task, method = run.cfg, run.task, run.method
     trackers.check_installed(cfg.train.log_to)
-    check_fits(cfg, task.vocab_size, longest_sequence(run), device)  # sizes that cannot fit: refused now
+    check_fits(cfg, task.vocab_size, run.widest, device)  # sizes that cannot fit: refused now
     if not resume:  # made only once the device can serve the config, by one process
         ranks.first(lambda: prepare_run_dir(folder, force or restart))
     if cfg.train.threads:
@@ -349,7 +349,7 @@ def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool
     return Trainer(run, folder, state, ranks, device, hooks(run, device) if hooks else []).run(progress)
 
 
-def resource_fault(err: BaseException, cfg: Config, folder: Path, step: int) -> ResourceError | None:
+def resource_fault(err: BaseException, tr: TrainConfig, folder: Path, step: int) -> ResourceError | None:
     """Running out of memory or disk at `step` as one line, with what to change and the checkpoint
     that is kept (checkpoints are written atomically: a failed one is never `latest`)."""
     good = checkpoint.latest(folder) if (folder / "checkpoints").is_dir() else None
@@ -357,7 +357,7 @@ def resource_fault(err: BaseException, cfg: Config, folder: Path, step: int) -> 
             "continues from it)" if good else "no checkpoint had been written")
     if is_out_of_memory(err):
         return ResourceError(f"out of memory at step {step + 1} ({oom_detail(err)}); lower "
-                             f"train.batch_size (now {cfg.train.batch_size}) or the model's size, or free memory; {kept}")
+                             f"train.batch_size (now {tr.batch_size}) or the model's size, or free memory; {kept}")
     if isinstance(err, OSError) and err.errno in DISK_FULL | NOT_WRITABLE:
         return ResourceError(f"{os_error_line(err)} at step {step}; {kept}")
     return None

@@ -59,3 +59,50 @@ def test_a_saved_run_gets_no_default_and_a_new_one_does():
     data = to_dict(run.cfg)
     data["model"]["position_options"] = {}
     assert assembly.assemble_saved(data).cfg.model.position_options == {}
+
+
+def walk(argv: list[str]) -> list[tuple[str, str, bool]]:
+    """(module, function, entered from another module) of every lengthgen call made by
+    `lengthgen ARGV`, up to its first backward pass (imports left out)."""
+    import sys
+
+    from lengthgen import cli
+
+    package = str(Path(assembly.__file__).parents[2])
+    calls = []
+
+    def module_of(frame) -> str | None:
+        name = frame.f_code.co_filename if frame else ""
+        if not name.startswith(package):
+            return None
+        return name[len(package) + 1:].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+    def record(frame, event, _):
+        done = calls and calls[-1][:2] == ("lengthgen.training.trainer", "backward")
+        if event == "call" and not done and frame.f_code.co_name != "<module>" and module_of(frame):
+            calls.append((module_of(frame), frame.f_code.co_name, module_of(frame.f_back) != module_of(frame)))
+
+    sys.setprofile(record)
+    try:
+        cli.main(argv)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_the_walk_from_train_to_the_first_step_assembles_once(tmp_path):
+    """`lengthgen train PRESET`: the preset read, checked and built once, each part by one call; once
+    training starts it never enters the assembly or the checks again (nothing re-validated or rebuilt)."""
+    calls = walk(["train", str(ROOT / LOOPED[0]), "--out", str(tmp_path / "run"), "--set", "train.steps=1"])
+    assert calls[-1][:2] == ("lengthgen.training.trainer", "backward")
+    once = [("lengthgen.config.schema", "read"), ("lengthgen.config.checks", "validate"), ("lengthgen.assembly", "checked"),
+            ("lengthgen.tasks", "get_task"), ("lengthgen.methods.registry", "get_method"),
+            ("lengthgen.model.positions", "build_scheme"), ("lengthgen.model.position_transforms", "build_transform"),
+            ("lengthgen.assembly", "training_positions"), ("lengthgen.training.trainer", "train")]
+    counts = {step: sum(call[:2] == step for call in calls) for step in once}
+    assert counts == dict.fromkeys(once, 1)
+    start = [call[:2] for call in calls].index(("lengthgen.training.trainer", "train"))
+    back = [call for call in calls[start:] if call[2] and call[0] in ("lengthgen.assembly", "lengthgen.config.checks")]
+    assert back == []
+    entered = [call[0] for call in calls if call[2]]
+    assert entered.index("lengthgen.assembly") < entered.index("lengthgen.training.trainer")

@@ -60,6 +60,7 @@ def test_a_sweep_gives_rows_per_scaling_and_none_is_the_plain_evaluation(rope_ru
     # the factor of each length: its sequence over the longest training sequence, 1 at most within training
     run = load_assembled(rope_run)[0]
     train_width = sequence_width(run, run.task, 4)
+    assert run.widest == train_width  # measured once, when the run was assembled
     expected = {(s, max(1.0, sequence_width(run, run.task, n) / train_width), train_width)
                 for s in SCALINGS[1:] for n in (2, 8)}
     assert set(factors) == expected and any(f > 1 for _, f, _ in factors)

@@ -103,7 +103,8 @@ def test_training_with_a_transform_fills_the_table_it_was_sized_for(tmp_path, tr
             f"train.position_transform_options={options}", "train.steps=6", "train.batch_size=16",
             "train.device=cpu", "train.log_interval=3"]
     cfg = assembly.load(None, sets + [f"model.max_positions={largest + 1}"])
-    assert assembly.largest_position_id(assembly.assembled(cfg)) == largest  # random_offset's max_position is an ID; the others' a count
+    run = assembly.assembled(cfg)  # random_offset's max_position is an ID; the others' a count
+    assert assembly.largest_position_id(run, assembly.training_positions(run)[1]) == largest
     train(cfg, tmp_path / "run", progress=False)  # training draws IDs up to `largest`: the table holds them
     with pytest.raises(ConfigError, match=f"model.max_positions \\({largest}\\) is too small"):
         assembly.load(None, sets + [f"model.max_positions={largest}"])

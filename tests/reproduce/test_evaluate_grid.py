@@ -54,8 +54,8 @@ def test_the_matching_runs_get_the_sweep_and_eval_done_records_it(tmp_path):
     jobs = planned(tmp_path)
     assert jobs["rope"].sweep == {"position.scaling": ["none", "pi", "ntk", "yarn"]}
     assert jobs["nope"].sweep == {}
-    assert eval_settings(jobs["rope"], jobs["rope"].loaded())["sweep"] == jobs["rope"].sweep
-    assert "sweep" not in eval_settings(jobs["nope"], jobs["nope"].loaded())  # eval.done of other runs unchanged
+    assert eval_settings(jobs["rope"], jobs["rope"].loaded().eval)["sweep"] == jobs["rope"].sweep
+    assert "sweep" not in eval_settings(jobs["nope"], jobs["nope"].loaded().eval)  # eval.done of other runs unchanged
 
 
 def test_an_entry_without_when_evaluates_every_run_and_later_entries_replace_a_key(tmp_path):

@@ -175,8 +175,8 @@ def test_evaluation_lowers_a_batch_that_would_not_fit_to_the_same_accuracy(run, 
     batches of 5, says so in one note, and scores what an evaluation in batches of 5 scores."""
     cfg, task = load_run(run)[:2]
     one = task.sample(1, 4, torch.Generator().manual_seed(0))
-    fixed = resources.parameters_at_least(cfg, task.vocab_size) * resources.FP32 + 64 * resources.sample_bytes(one)
-    per = sum(size for size, _, _ in resources.evaluation_terms(cfg, task.vocab_size, one.inputs.shape[1], 1).values())
+    fixed = resources.parameters_at_least(cfg.model, task.vocab_size) * resources.FP32 + 64 * resources.sample_bytes(one)
+    per = sum(size for size, _, _ in resources.evaluation_terms(cfg.model, task.vocab_size, one.inputs.shape[1], 1).values())
     args = ["--lengths", "4", "--samples", "64", "--no-progress"]
     assert main(["eval", str(run), *args, "--batch-size", "5", "--out", str(tmp_path / "small")]) == 0
     capsys.readouterr()
@@ -227,5 +227,5 @@ def test_attention_is_counted_where_it_is_held():
     from lengthgen import assembly
 
     rope, alibi = assembly.load(None, ["model.position=rope"]), assembly.load(None, ["model.position=alibi"])
-    assert attention_held(rope, cpu) and attention_held(alibi, cuda) and not attention_held(rope, cuda)
+    assert attention_held(rope.model, cpu) and attention_held(alibi.model, cuda) and not attention_held(rope.model, cuda)
     assert training_terms(rope, 10, 1000, cuda)["attention"][0] == 0 < training_terms(rope, 10, 1000, cpu)["attention"][0]
