@@ -40,7 +40,7 @@ CASES = {  # name: (preset, overrides)
 
 def batch_of(cfg, task, generator):
     high = cfg.task.train_max
-    if cfg.train.length_sampling == "per_batch":
+    if cfg.data.length_sampling == "per_batch":
         return task.sample(cfg.train.batch_size, high, generator)
     return sample_mixed(task, cfg.train.batch_size, cfg.task.train_min, high, generator)
 
@@ -53,7 +53,7 @@ def measure(name: str, steps: int, warmup: int) -> dict:
     for variant in ("eager", "compiled"):
         torch.manual_seed(0)
         models[variant] = method.build_model(cfg, task)
-        optimizers[variant] = torch.optim.AdamW(decay_params(models[variant]), lr=cfg.train.lr)
+        optimizers[variant] = torch.optim.AdamW(decay_params(models[variant]), lr=cfg.optim.lr)
     torch._dynamo.reset()
     before = compiling.compilations()
     if not compiling.compile_blocks(models["compiled"], torch.device("cpu"), "benchmark"):

@@ -67,23 +67,23 @@ class Stepper:
         self.state.model.train()
         if compiled:
             compile_blocks(self.state.model, device, "benchmark")
-        self.captured = (CapturedSteps(run.method, self.state.model, self.state.optimizer, cfg.train.grad_clip,
+        self.captured = (CapturedSteps(run.method, self.state.model, self.state.optimizer, cfg.optim.grad_clip,
                                        cfg.train.precision, device) if capture else None)
         self.data = torch.Generator().manual_seed(seed)
 
     def batch(self):
-        tr, task = self.run.cfg.train, self.run.cfg.task
-        drawn = sample_batch(self.run.task, tr.batch_size, task.train_min, task.train_max, self.data,
-                             tr.length_sampling == "per_sample")
+        cfg, task = self.run.cfg, self.run.cfg.task
+        drawn = sample_batch(self.run.task, cfg.train.batch_size, task.train_min, task.train_max, self.data,
+                             cfg.data.length_sampling == "per_sample")
         return self.run.transform(drawn, self.data)
 
     def __call__(self, batch=None) -> torch.Tensor:
-        batch, tr, state = batch if batch is not None else self.batch(), self.run.cfg.train, self.state
+        batch, op, state = batch if batch is not None else self.batch(), self.run.cfg.optim, self.state
         if self.captured is not None:
-            return self.captured(batch, tr.lr)
+            return self.captured(batch, op.lr)
         state.optimizer.zero_grad(set_to_none=True)  # the trainer's eager step (Trainer.learn, update)
-        loss = backward(lambda b: self.run.method.loss(state.model, b), [batch], self.run.cfg.train, 0, range(1), self.device)
-        update(state.optimizer, state.model, tr.lr, tr.grad_clip)
+        loss = backward(lambda b: self.run.method.loss(state.model, b), [batch], self.run.cfg, 0, range(1), self.device)
+        update(state.optimizer, state.model, op.lr, op.grad_clip)
         return loss
 
 
@@ -151,7 +151,7 @@ def looped_rows(task: str, device: torch.device, args) -> dict:
                 stepper = Stepper(run, device, capture, compiled)
             elif capture:
                 stepper.captured = CapturedSteps(run.method, stepper.state.model, stepper.state.optimizer,
-                                                 run.cfg.train.grad_clip, run.cfg.train.precision, device)
+                                                 run.cfg.optim.grad_clip, run.cfg.train.precision, device)
             row[name] = ms_per_step(stepper, device, args.steps, args.warmup + (3 if compiled else 0))
             if name in ("eager", "captured") and cuda:
                 row[f"{name}_busy"], row[f"{name}_kernels"] = busy_share(stepper, device)

@@ -18,8 +18,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 
 tiny=(--set method=looped --set task.name=parity --set task.train_max=8 --set model.d_model=64 --set model.n_head=4
       --set model.n_layer=1 --set train.steps=300 --set train.batch_size=32 --set train.log_interval=50
-      --set train.checkpoint_interval=200 --set train.device=cuda --set train.curriculum_start=2
-      --set train.curriculum_interval=30 --set train.schedule=curriculum_cosine --set train.cosine_start=200
+      --set train.checkpoint_interval=200 --set train.device=cuda --set data.curriculum_start=2
+      --set data.curriculum_interval=30 --set optim.schedule=curriculum_cosine --set optim.cosine_start=200
       --set eval.lengths=8,12 --set eval.samples=256)
 
 if [ "$1" = bench ] || [ "$1" = all ]; then

@@ -56,7 +56,7 @@ def measure(name: str, steps: int, lengths: int) -> dict:
     for path in ("sdpa", "kernel"):
         torch.manual_seed(0)
         models[path] = method.build_model(cfg, task)
-        optimizers[path] = torch.optim.AdamW(decay_params(models[path]), lr=cfg.train.lr)
+        optimizers[path] = torch.optim.AdamW(decay_params(models[path]), lr=cfg.optim.lr)
     weights = steps_per_length(cfg)
     measured = sorted(weights)
     if lengths and len(measured) > lengths:  # a few lengths spread over the range, the rest interpolated

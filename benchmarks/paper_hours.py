@@ -106,11 +106,11 @@ def step_cost(run, device: torch.device, fraction: int, steps: int, compile: boo
     with `compile`, also its kernels eager and compiled, and launches with CUDA graphs."""
     cfg, task, method, transform = run.cfg, run.task, run.method, run.transform
     cfg.train.batch_size //= fraction
-    cfg.train.data_shards = 1
+    cfg.data.shards = 1
     torch.manual_seed(0)
     model = method.build_model(cfg, task).to(device)
-    tr = cfg.train
-    optimizer = torch.optim.AdamW(decay_params(model, tr.decay_all), lr=tr.lr, betas=tuple(tr.betas), weight_decay=tr.weight_decay)
+    op = cfg.optim
+    optimizer = torch.optim.AdamW(decay_params(model, op.decay_all), lr=op.lr, betas=tuple(op.betas), weight_decay=op.weight_decay)
     loss_of, data = MethodLoss(method, model), torch.Generator().manual_seed(0)
 
     def one_step(step: int) -> None:
@@ -118,9 +118,9 @@ def step_cost(run, device: torch.device, fraction: int, steps: int, compile: boo
         optimizer.zero_grad(set_to_none=True)
         if compile and device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # as training does (lengthgen.training.trainer)
-        backward(loss_of, batches, cfg.train, step, range(1), device)
-        if tr.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+        backward(loss_of, batches, cfg, step, range(1), device)
+        if op.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), op.grad_clip)
         optimizer.step()
 
     flops, ops = FlopCounterMode(display=False), OpCounter()

@@ -34,7 +34,7 @@ run = assembly.assemble(preset, [])
 cfg, task, method = run.cfg, run.task, run.method
 torch.manual_seed(0)
 model = method.build_model(cfg, task)
-optimizer = torch.optim.AdamW(decay_params(model), lr=cfg.train.lr)
+optimizer = torch.optim.AdamW(decay_params(model), lr=cfg.optim.lr)
 generator = torch.Generator().manual_seed(0)
 times = []
 for _ in range(steps):

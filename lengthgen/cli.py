@@ -113,7 +113,7 @@ def cmd_eval(args) -> None:
                 raise UserError(f"{flag} applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
         if draws and not run.transform.random_at_evaluation:
             raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
-                            f"(randomized); {folder} was trained with {cfg.train.position_transform!r}")
+                            f"(randomized); {folder} was trained with {cfg.data.position_transform!r}")
         args.lengths = cfg.eval.lengths if args.lengths is None else args.lengths
         args.samples = cfg.eval.samples if args.samples is None else args.samples
     stops = args.stop.split(",") if args.stop else None
@@ -312,7 +312,7 @@ def add_report_command(sub) -> None:
                    help="also draw accuracy over length x COLUMN (a task option swept in evaluation)")
     r.add_argument("--curves", action="store_true",
                    help="also draw training curves: the loss and, for runs that tested during training "
-                        "(train.test_interval), exact match against step")
+                        "(tests.interval), exact match against step")
     r.add_argument("--gain-reference", metavar="ARM_OR_RUN",
                    help="also compare every run's per-token losses with the reference runs of this arm (or this "
                         "run folder), paired by seed: G/Δ by dependence sparsity k (docs/sparsity.md)")

@@ -32,5 +32,5 @@ def docs(tmp_path, monkeypatch):
 def lm_overrides(folder, *extra):
     return [f"task.options.path={folder}", "task.options.source=files", "task.train_min=16", "task.train_max=16",
             "model.d_model=32", "model.n_layer=1", "model.n_head=2", "train.steps=150", "train.batch_size=16",
-            "train.warmup_steps=10", "train.log_interval=50", "train.checkpoint_interval=150",
+            "optim.warmup_steps=10", "train.log_interval=50", "train.checkpoint_interval=150",
             "eval.lengths=16,64", "eval.samples=600", "eval.batch_size=4", *extra]

@@ -15,15 +15,15 @@ from pathlib import Path
 
 GOLDEN = Path(__file__).resolve().parent / "golden.json"
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "train.steps=10",
-        "train.log_interval=1", "train.checkpoint_interval=100", "train.device=cpu", "train.lr=3e-3",
+        "train.log_interval=1", "train.checkpoint_interval=100", "train.device=cpu", "optim.lr=3e-3",
         "eval.samples=32", "eval.lengths=2,4,8", "task.train_max=4"]
 FAMILIES = {
     "looped": ["method=looped", "task.name=parity"],
     "ntp": ["task.name=copy"],
     "tra": ["task.name=copy", "model.position=tra"],
     "ppc": ["method=ppc", "task.name=unique_set", "task.options={symbols=8, coupled=true}",
-            "model.position=learned", "model.max_positions=24", "train.position_transform=random_offset",
-            "train.position_transform_options={max_position=16, keep_zero=true}"],
+            "model.position=learned", "model.max_positions=24", "data.position_transform=random_offset",
+            "data.position_transform_options={max_position=16, keep_zero=true}"],
 }
 
 

@@ -53,19 +53,19 @@ def one_line(err) -> str:
 # --- config values -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, names", [
-    (["train.betas=[false, 0.99]"], ["train.betas"]),
-    (["train.lr=inf"], ["train.lr", "finite"]),
-    (["train.weight_decay=inf"], ["train.weight_decay", "finite"]),
+    (["optim.betas=[false, 0.99]"], ["optim.betas"]),
+    (["optim.lr=inf"], ["optim.lr", "finite"]),
+    (["optim.weight_decay=inf"], ["optim.weight_decay", "finite"]),
     (["model.position=rope", "model.position_options.theta=inf"], ["model.position_options", "finite"]),
     (["train.threads=100000"], ["train.threads", "1024"]),
-    (["train.data_seed=100000000000000000000"], ["train.data_seed", "2**63"]),
+    (["data.seed=100000000000000000000"], ["data.seed", "2**63"]),
     (["train.model_seed=-1"], ["train.model_seed"]),
     (["eval.seed=100000000000000000000"], ["eval.seed"]),
     (["eval.lengths=1:2000000000"], ["eval.lengths", "10000"]),
     (["eval.lengths=1,200000"], ["eval.lengths", "100000"]),
     (["task.train_max=2000000000"], ["task.train_max", "100000"]),
     (["train.device=cpu:abc"], ["train.device"]),
-    (["train.schedule=constant", "train.warmup_steps=10"], ["train.warmup_steps", "constant"]),
+    (["optim.schedule=constant", "optim.warmup_steps=10"], ["optim.warmup_steps", "constant"]),
     (["model.position=learned", "model.max_positions=8"], ["model.max_positions", "task.train_max"]),
     (["task.name=copy", "model.position=sinusoidal", "model.max_positions=30", "method=ntp-pause"],
      ["model.max_positions", "at least 36"]),
@@ -79,9 +79,9 @@ def test_impossible_values_are_refused_naming_the_key(overrides, names):
 
 
 def test_integer_betas_become_floats_adamw_accepts():
-    cfg = assembly.load(None, ["train.betas=[0, 0.99]"])
-    assert cfg.train.betas == [0.0, 0.99] and all(isinstance(b, float) for b in cfg.train.betas)
-    torch.optim.AdamW(decay_params(torch.nn.Linear(2, 2)), betas=tuple(cfg.train.betas))
+    cfg = assembly.load(None, ["optim.betas=[0, 0.99]"])
+    assert cfg.optim.betas == [0.0, 0.99] and all(isinstance(b, float) for b in cfg.optim.betas)
+    torch.optim.AdamW(decay_params(torch.nn.Linear(2, 2)), betas=tuple(cfg.optim.betas))
 
 
 def test_position_table_that_fits_the_training_lengths_is_accepted():

@@ -50,8 +50,8 @@ def test_compiled_blocks_are_one_launch_each_with_graphs(monkeypatch):
 
 def test_a_run_spends_its_steps_at_lengths_as_its_curriculum_draws_them():
     cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_min=1", "task.train_max=4",
-                              "train.steps=100", "train.curriculum_start=2", "train.curriculum_interval=30",
-                              "train.length_sampling=per_batch"])
+                              "train.steps=100", "data.curriculum_start=2", "data.curriculum_interval=30",
+                              "data.length_sampling=per_batch"])
     weights = narrow_benchmark.steps_per_length(cfg)
     # steps 0-29: max 2 (1 and 2 equally), 30-59: max 3, 60-99: max 4
     assert weights[1] == pytest.approx(30 / 2 + 30 / 3 + 40 / 4)

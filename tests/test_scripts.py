@@ -23,7 +23,7 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    learn = ["--set=train.steps=300", "--set=train.lr=3e-3"]  # far enough from 0 and 1 for answer_positions
+    learn = ["--set=train.steps=300", "--set=optim.lr=3e-3"]  # far enough from 0 and 1 for answer_positions
     for name, task, method, extra in [("parity", "parity", "looped", learn), ("mult", "multiplication", "looped", []),
                                       ("mult-ntp", "multiplication", "ntp", []), ("add", "addition", "looped", learn),
                                       ("table", "parity", "ntp", ["--set=model.position=learned",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.config.checks import built, check, check_choice, check_options, rule, validate
-from lengthgen.config.schema import Config, ModelConfig, TrainConfig, from_data, option_combinations, parse_lengths, read
+from lengthgen.config.schema import Config, ModelConfig, TrainTestsConfig, from_data, option_combinations, parse_lengths, read
 from lengthgen.errors import ConfigError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, Method, get_method
@@ -60,9 +60,9 @@ def assemble_saved(source: str | Path | dict, holder: Path | None = None) -> Run
 def assembled(cfg: Config) -> Run:
     """The parts of a config checked before (a reproduction's job carries the config its plan
     checked), built without checking it again."""
-    tr = cfg.train
+    d = cfg.data
     run = Run(cfg, task_of(cfg.task), get_method(cfg.method, cfg), SCHEMES[cfg.model.position],
-              build_transform(tr.position_transform, tr.position_transform_options))
+              build_transform(d.position_transform, d.position_transform_options))
     run.widest = training_positions(run)[0]
     return run
 
@@ -74,7 +74,7 @@ def checked(cfg: Config) -> Run:
     task = checked_task(cfg)
     check_options("method_options", cfg.method_options, METHODS[cfg.method], cfg.method, skip=("cfg",))
     method = built("method_options", lambda: get_method(cfg.method, cfg))
-    check_stops(cfg.train, method)
+    check_stops(cfg.tests, method)
     check(cfg.model.causal or method.bidirectional,
           f"model.causal = false (bidirectional attention) needs a method that reads whole answers from blank slots "
           f"without decoding (one with the bidirectional capability: {', '.join(bidirectional_methods())}); "
@@ -101,17 +101,17 @@ def check_names(cfg: Config) -> None:
     check_choice("model.position", m.position, SCHEMES)
     for key, choices in (("init", INITS), ("norm", NORMS), ("mlp", MLPS), ("residual", RESIDUALS)):
         check_choice(f"model.{key}", getattr(m, key), choices)
-    check_choice("train.position_transform", cfg.train.position_transform, TRANSFORMS)
+    check_choice("data.position_transform", cfg.data.position_transform, TRANSFORMS)
 
 
 def checked_task(cfg: Config) -> Task:
     """The run's task, built once, with its options, its pads and the lengths it is asked for checked."""
-    t, tr = cfg.task, cfg.train
+    t, te = cfg.task, cfg.tests
     check_options("task.options", t.options, TASKS[t.name], t.name)
     task = built("task.options", lambda: get_task(t.name, **t.options))
-    if tr.test_options:  # the tested samples' task: the run's, these options replacing its own
-        check_options("train.test_options", tr.test_options, TASKS[t.name], t.name)
-        built("train.test_options", lambda: task_of(t, **tr.test_options))
+    if te.options:  # the tested samples' task: the run's, these options replacing its own
+        check_options("tests.options", te.options, TASKS[t.name], t.name)
+        built("tests.options", lambda: task_of(t, **te.options))
     if t.trailing_pad or t.pad_to_row:  # refused for tasks scored inside the sequence and for coupled position IDs
         import torch
 
@@ -119,26 +119,26 @@ def checked_task(cfg: Config) -> Task:
         task = built(key, lambda: TrailingPad(task, t.trailing_pad, t.pad_to_row))
         built(key, lambda: task.sample(2, t.train_min, torch.Generator()))
     check(t.train_min >= task.min_length, f"task.train_min must be >= {task.min_length} for {t.name}, got {t.train_min}")
-    check(not (task.draws_own_lengths and tr.length_sampling == "per_batch"),
-          f"task.options of {t.name} draw each sample's lengths by the task's own law; train.length_sampling "
-          "per_batch would bypass it (set train.length_sampling=per_sample)")
+    check(not (task.draws_own_lengths and cfg.data.length_sampling == "per_batch"),
+          f"task.options of {t.name} draw each sample's lengths by the task's own law; data.length_sampling "
+          "per_batch would bypass it (set data.length_sampling=per_sample)")
     shortest = min(parse_lengths(cfg.eval.lengths))
     check(shortest >= task.min_length, f"eval.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
-    shortest = min(parse_lengths(tr.test_lengths)) if tr.test_lengths else task.min_length
-    check(shortest >= task.min_length, f"train.test_lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
+    shortest = min(parse_lengths(te.lengths)) if te.lengths else task.min_length
+    check(shortest >= task.min_length, f"tests.lengths includes {shortest}; {t.name} needs lengths >= {task.min_length}")
     return task
 
 
-def check_stops(tr: TrainConfig, method: Method) -> None:
-    """train.test_stops: rules the method can apply (a method without stop rules ignores them: a
+def check_stops(te: TrainTestsConfig, method: Method) -> None:
+    """tests.stops: rules the method can apply (a method without stop rules ignores them: a
     grid's ntp arm on a looped preset)."""
-    for stop in tr.test_stops:
+    for stop in te.stops:
         try:
             stop_rule = parse_rule(str(stop))
             if method.has_stop_rules:
                 stop_rule.check(method)
         except ValueError as err:
-            raise ConfigError(f"train.test_stops: {err}") from None
+            raise ConfigError(f"tests.stops: {err}") from None
 
 
 def checked_scheme(m: ModelConfig) -> type:
@@ -207,23 +207,23 @@ def check_token_reading(cfg: Config, method: Method, scheme: type) -> None:
 
 def checked_transform(cfg: Config, task: Task, method: Method, scheme: type) -> PositionTransform:
     """The position transform, built once, after the task's and the method's own rules about it."""
-    tr, draws = cfg.train, cfg.eval.position_draws
-    name = tr.position_transform
+    d, draws = cfg.data, cfg.eval.position_draws
+    name = d.position_transform
     transform = TRANSFORMS[name]
     rule(lambda: task.check(cfg, transform))  # each variant's own rules
     rule(lambda: method.check(cfg, task, transform, scheme))
-    check_options("train.position_transform_options", tr.position_transform_options, transform, name)
-    built_transform = built("train.position_transform_options", lambda: build_transform(name, tr.position_transform_options))
+    check_options("data.position_transform_options", d.position_transform_options, transform, name)
+    built_transform = built("data.position_transform_options", lambda: build_transform(name, d.position_transform_options))
     check(draws == 1 or transform.random_at_evaluation,
           f"eval.position_draws = {draws} needs a position transform that draws IDs at evaluation "
-          f"(randomized); train.position_transform {name!r} evaluates on the task's own IDs")
+          f"(randomized); data.position_transform {name!r} evaluates on the task's own IDs")
     return built_transform
 
 
 def check_position_range(run: Run, largest_base: int) -> None:
     """A table (or ppc's ID head) of max_positions rows holds every ID training makes (the largest
     before the transform: `largest_base`): an overrun would fail at step 1, after the run folder is made."""
-    m, name = run.cfg.model, run.cfg.train.position_transform
+    m, name = run.cfg.model, run.cfg.data.position_transform
     sized = run.scheme.has_table or run.method.needs_target_ids
     if not (sized or run.transform.changes_ids):
         return
@@ -234,7 +234,7 @@ def check_position_range(run: Run, largest_base: int) -> None:
               f"({largest + 1} tokens at task.train_max {run.cfg.task.train_max}); set it to at least {largest + 1}")
     elif sized:
         check(largest < m.max_positions,
-              f"model.max_positions ({m.max_positions}) is too small for train.position_transform {name}, which "
+              f"model.max_positions ({m.max_positions}) is too small for data.position_transform {name}, which "
               f"trains position IDs up to {largest}; set it to at least {largest + 1}")
 
 
@@ -257,7 +257,7 @@ def training_positions(run: Run) -> tuple[int, int]:
 def largest_position_id(run: Run, base: int) -> int:
     """The largest position ID training can produce: the task's (or 0..L-1's) at task.train_max,
     `base`, as the position transform maps it. ConfigError if it does not fit the transform's range."""
-    return built("train.position_transform_options", lambda: run.transform.largest_id(base))
+    return built("data.position_transform_options", lambda: run.transform.largest_id(base))
 
 
 # A learned table that reads coupled or predicted IDs starts at T5's N(0, 1), as Cho et al.'s does,

@@ -11,8 +11,8 @@ from dataclasses import fields
 
 from lengthgen.config.schema import (ATTENTION_DROPOUT_ON, CONFIDENCE_PRECISIONS, DEVICE_PATTERN, LENGTH_SAMPLING,
                                      LOG_SINKS, MAX_DATASET, MAX_EVAL_SEED, MAX_LENGTH, MAX_SEED, MAX_THREADS,
-                                     PRECISIONS, Config, EvalConfig, ModelConfig, TaskConfig, TrainConfig, _hint,
-                                     parse_lengths)
+                                     PRECISIONS, Config, DataConfig, EvalConfig, ModelConfig, OptimConfig, TaskConfig,
+                                     TrainConfig, TrainTestsConfig, _hint, parse_lengths)
 from lengthgen.config.dependence import Dependence
 from lengthgen.config.schedules import SCHEDULES
 from lengthgen.errors import ConfigError
@@ -62,19 +62,20 @@ def validate(cfg: Config) -> Config:
     check_finite(cfg)
     check_task(cfg.task)
     check_model(cfg.model)
-    check_train(cfg)
-    check_schedule(cfg.train)
-    check_finite_set(cfg.train)
+    check_train(cfg.train)
+    check_optim(cfg.optim, cfg.train.steps)
+    check_schedule(cfg)
+    check_data(cfg.data, cfg.task, cfg.train.batch_size)
     check_run_settings(cfg.train)
     check_eval(cfg.eval)
-    check_tests(cfg.train)
+    check_tests(cfg.tests)
     check_token_eval(cfg.eval)
     return cfg
 
 
 def check_finite(cfg: Config) -> None:
-    """TOML has inf and nan: `train.lr=inf` would pass `> 0`."""
-    for section in ("model", "train"):
+    """TOML has inf and nan: `optim.lr=inf` would pass `> 0`."""
+    for section in ("model", "train", "optim", "data"):
         for f in fields(getattr(cfg, section)):
             value = getattr(getattr(cfg, section), f.name)
             check(f.type != "float" or math.isfinite(value), f"{section}.{f.name} must be a finite number, got {value}")
@@ -98,44 +99,53 @@ def check_model(m: ModelConfig) -> None:
     check_choice("model.attn_dropout_on", m.attn_dropout_on, ATTENTION_DROPOUT_ON)
 
 
-def check_train(cfg: Config) -> None:
-    t, tr = cfg.task, cfg.train
-    for key in ("steps", "batch_size", "log_interval", "checkpoint_interval", "curriculum_interval"):
+def check_train(tr: TrainConfig) -> None:
+    for key in ("steps", "batch_size", "log_interval", "checkpoint_interval"):
         check(getattr(tr, key) >= 1, f"train.{key} must be >= 1, got {getattr(tr, key)}")
-    check(tr.lr > 0, f"train.lr must be > 0, got {tr.lr}")
-    check(tr.weight_decay >= 0, f"train.weight_decay must be >= 0, got {tr.weight_decay}")
-    check(len(tr.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                                     and 0 <= b < 1 for b in tr.betas),
-          f"train.betas must be two numbers in [0, 1), got {tr.betas}")
-    tr.betas = [float(b) for b in tr.betas]  # AdamW refuses ints: `[0, 0.99]` means [0.0, 0.99]
-    check(tr.grad_clip >= 0, f"train.grad_clip must be >= 0, got {tr.grad_clip}")
-    check(tr.curriculum_start == 0 or t.train_min <= tr.curriculum_start <= t.train_max,
-          f"train.curriculum_start ({tr.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
-    check(tr.length_sampling in LENGTH_SAMPLING, f"train.length_sampling {tr.length_sampling!r} is unknown; choose from {', '.join(LENGTH_SAMPLING)}")
-    check(0 <= tr.ema < 1, f"train.ema must be in [0, 1), got {tr.ema}")
-    check(0 <= tr.ema_start < max(tr.steps, 1), f"train.ema_start must be in 0..train.steps - 1 ({tr.steps - 1}), got {tr.ema_start}")
 
 
-def check_schedule(tr: TrainConfig) -> None:
-    """The learning-rate schedule and the settings it reads."""
-    check_choice("train.schedule", tr.schedule, SCHEDULES)
-    check(tr.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {tr.warmup_steps}")
-    check(0 <= tr.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {tr.min_lr_ratio}")
-    check(tr.cosine_start >= 0, f"train.cosine_start must be >= 0, got {tr.cosine_start}")
-    for problem in SCHEDULES[tr.schedule].problems(tr):
+def check_optim(op: OptimConfig, steps: int) -> None:
+    check(op.lr > 0, f"optim.lr must be > 0, got {op.lr}")
+    check(op.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {op.weight_decay}")
+    check(len(op.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                     and 0 <= b < 1 for b in op.betas),
+          f"optim.betas must be two numbers in [0, 1), got {op.betas}")
+    op.betas = [float(b) for b in op.betas]  # AdamW refuses ints: `[0, 0.99]` means [0.0, 0.99]
+    check(op.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {op.grad_clip}")
+    check(0 <= op.ema < 1, f"optim.ema must be in [0, 1), got {op.ema}")
+    check(0 <= op.ema_start < max(steps, 1), f"optim.ema_start must be in 0..train.steps - 1 ({steps - 1}), got {op.ema_start}")
+
+
+def check_schedule(cfg: Config) -> None:
+    """The learning-rate schedule and the settings it reads (curriculum_cosine reads the curriculum's too)."""
+    op = cfg.optim
+    check_choice("optim.schedule", op.schedule, SCHEDULES)
+    check(op.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {op.warmup_steps}")
+    check(0 <= op.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {op.min_lr_ratio}")
+    check(op.cosine_start >= 0, f"optim.cosine_start must be >= 0, got {op.cosine_start}")
+    for problem in SCHEDULES[op.schedule].problems(op):
         check(False, problem)
 
 
+def check_data(d: DataConfig, t: TaskConfig, batch_size: int) -> None:
+    """The training stream: its seed, curriculum, length law, shards and finite set."""
+    check(0 <= d.seed < MAX_SEED, f"data.seed must be in [0, 2**63), got {d.seed}")
+    check(d.curriculum_interval >= 1, f"data.curriculum_interval must be >= 1, got {d.curriculum_interval}")
+    check(d.curriculum_start == 0 or t.train_min <= d.curriculum_start <= t.train_max,
+          f"data.curriculum_start ({d.curriculum_start}) must be 0 (off) or between task.train_min and task.train_max")
+    check_choice("data.length_sampling", d.length_sampling, LENGTH_SAMPLING)
+    check(1 <= d.shards <= batch_size and batch_size % d.shards == 0,
+          f"data.shards ({d.shards}) must be >= 1 and divide train.batch_size ({batch_size})")
+    check_finite_set(d)
+
+
 def check_run_settings(tr: TrainConfig) -> None:
-    """Where and how a run executes: precision, threads, shards, log sinks, seeds, device."""
+    """Where and how a run executes: precision, threads, log sinks, the weights' seed, device."""
     check(tr.precision in PRECISIONS, f"train.precision {tr.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
     check(0 <= tr.threads <= MAX_THREADS, f"train.threads must be in 0..{MAX_THREADS}, got {tr.threads}")
-    check(1 <= tr.data_shards <= tr.batch_size and tr.batch_size % tr.data_shards == 0,
-          f"train.data_shards ({tr.data_shards}) must be >= 1 and divide train.batch_size ({tr.batch_size})")
     for sink in tr.log_to:
         check(sink in LOG_SINKS, f"train.log_to names {sink!r}{_hint(str(sink), LOG_SINKS)}; choose from {', '.join(LOG_SINKS)}")
-    for key in ("model_seed", "data_seed"):
-        check(0 <= getattr(tr, key) < MAX_SEED, f"train.{key} must be in [0, 2**63), got {getattr(tr, key)}")
+    check(0 <= tr.model_seed < MAX_SEED, f"train.model_seed must be in [0, 2**63), got {tr.model_seed}")
     check(DEVICE_PATTERN.fullmatch(tr.device) is not None,
           f"train.device {tr.device!r} must be auto, cpu, cuda, cuda:N or mps")
 
@@ -154,19 +164,18 @@ def check_eval(ev: EvalConfig) -> None:
           f"eval.position_draws must be an integer in [1, 1000], got {ev.position_draws}")
 
 
-def check_finite_set(tr: TrainConfig) -> None:
-    """train.dataset_size: 0 (fresh samples) or a set drawn once over the whole training range,
+def check_finite_set(d: DataConfig) -> None:
+    """data.dataset_size: 0 (fresh samples) or a set drawn once over the whole training range,
     read by one stream (lengthgen.training.finite_set)."""
-    check(0 <= tr.dataset_size <= MAX_DATASET, f"train.dataset_size must be in 0..{MAX_DATASET} (0 = fresh samples "
-                                               f"every step), got {tr.dataset_size}")
-    if not tr.dataset_size:
+    check(0 <= d.dataset_size <= MAX_DATASET, f"data.dataset_size must be in 0..{MAX_DATASET} (0 = fresh samples "
+                                              f"every step), got {d.dataset_size}")
+    if not d.dataset_size:
         return
-    check(tr.curriculum_start == 0, "train.dataset_size fixes the training set over task.train_min..train_max once; "
-                                    "it cannot follow a curriculum (set train.curriculum_start=0)")
-    check(tr.length_sampling == "per_sample", "train.dataset_size draws lengths per sample, as the task's law gives "
-                                              "them; set train.length_sampling=per_sample")
-    check(tr.data_shards == 1, f"train.dataset_size is read as one stream; set train.data_shards=1 "
-                               f"(now {tr.data_shards})")
+    check(d.curriculum_start == 0, "data.dataset_size fixes the training set over task.train_min..train_max once; "
+                                   "it cannot follow a curriculum (set data.curriculum_start=0)")
+    check(d.length_sampling == "per_sample", "data.dataset_size draws lengths per sample, as the task's law gives "
+                                             "them; set data.length_sampling=per_sample")
+    check(d.shards == 1, f"data.dataset_size is read as one stream; set data.shards=1 (now {d.shards})")
 
 
 def check_token_eval(ev: EvalConfig) -> None:
@@ -186,15 +195,14 @@ def check_token_eval(ev: EvalConfig) -> None:
     built("eval.dependence_options", lambda: Dependence(**ev.dependence_options))
 
 
-def check_tests(tr: TrainConfig) -> None:
-    """train.test_*: an interval, an offset within it, lengths as eval.lengths. (The stop rules are
+def check_tests(te: TrainTestsConfig) -> None:
+    """tests.*: an interval, an offset within it, lengths as eval.lengths. (The stop rules are
     checked against the method where the run is assembled.)"""
-    check(tr.test_interval >= 0, f"train.test_interval must be >= 0 (0 = off), got {tr.test_interval}")
-    check(tr.test_samples >= 1, f"train.test_samples must be >= 1, got {tr.test_samples}")
-    check(0 <= tr.test_offset < max(tr.test_interval, 1),
-          f"train.test_offset must be in 0..train.test_interval - 1, got {tr.test_offset}")
-    if tr.test_lengths:
+    check(te.interval >= 0, f"tests.interval must be >= 0 (0 = off), got {te.interval}")
+    check(te.samples >= 1, f"tests.samples must be >= 1, got {te.samples}")
+    check(0 <= te.offset < max(te.interval, 1), f"tests.offset must be in 0..tests.interval - 1, got {te.offset}")
+    if te.lengths:
         try:
-            parse_lengths(tr.test_lengths)
+            parse_lengths(te.lengths)
         except ConfigError as err:
-            raise ConfigError(f"train.test_{err}") from None
+            raise ConfigError(f"tests.{err}") from None

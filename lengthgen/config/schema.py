@@ -80,6 +80,21 @@ class ModelConfig:
 class TrainConfig:
     steps: int = 2000  # optimizer steps
     batch_size: int = 64  # samples per step
+    model_seed: int = 0  # seeds weight initialisation
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
+    threads: int = 0  # torch CPU threads, 0..1024; 0 = torch's default
+    precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
+    # torch.compile each block (inductor, dynamic shapes), not for TRA and CoPE, which run eagerly with a
+    # note (lengthgen.model.compiling); the same weights and losses as eager, to float rounding
+    compile: bool = False
+    capture: bool = True  # on CUDA, each step shape's whole step as one CUDA graph (lengthgen.training.captured)
+    log_interval: int = 50  # steps between metric lines in metrics.jsonl
+    checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
+    log_to: list = field(default_factory=lambda: ["jsonl"])  # metric sinks: jsonl (always written), tensorboard, wandb
+
+
+@dataclass
+class OptimConfig:
     lr: float = 3e-4  # peak learning rate
     weight_decay: float = 0.01  # AdamW weight decay
     decay_all: bool = False  # weight decay on every parameter (biases, norms); false: on matrices only
@@ -90,40 +105,37 @@ class TrainConfig:
     schedule: str = "cosine"
     warmup_steps: int = 0  # linear warm-up steps (all but constant, where it must be 0)
     min_lr_ratio: float = 0.0  # cosine and linear decay to lr * min_lr_ratio
-    curriculum_start: int = 0  # first maximum length; 0 = no curriculum (train_max from the start)
-    curriculum_interval: int = 500  # steps between +1 increments of the maximum length
     cosine_start: int = 0  # curriculum_cosine: the step the cosine decay starts; 0 = when the curriculum ends
-    length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
-    # 0: fresh samples every step; N: a fixed set of N samples drawn once from data_seed, each read once per
-    # epoch in a fresh order (Cho et al.'s training sets; lengthgen.training.finite_set)
-    dataset_size: int = 0
     ema: float = 0.0  # decay of an EMA of the weights used for evaluation; 0 = off
     ema_start: int = 0  # the EMA starts as a copy of the weights after this step, then follows them
-    model_seed: int = 0  # seeds weight initialisation
-    data_seed: int = 0  # seeds the training data stream
-    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
-    threads: int = 0  # torch CPU threads, 0..1024; 0 = torch's default
-    precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
-    # torch.compile each block (inductor, dynamic shapes), not for TRA and CoPE, which run eagerly with a
-    # note (lengthgen.model.compiling); the same weights and losses as eager, to float rounding
-    compile: bool = False
-    capture: bool = True  # on CUDA, each step shape's whole step as one CUDA graph (lengthgen.training.captured)
-    log_interval: int = 50  # steps between metric lines in metrics.jsonl
-    checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
-    # exact match during training, into metrics.jsonl (test@max at the curriculum's current maximum,
-    # test@N at each of test_lengths): every test_interval steps; 0 = off
-    test_interval: int = 0
-    test_lengths: str = ""  # lengths tested besides the current maximum, as eval.lengths ("" = none)
-    test_samples: int = 512  # test samples per length (the evaluator's fixed test set, eval.seed)
-    test_stops: list = field(default_factory=list)  # looped methods: stop rules tested; [] = oracle
-    test_options: dict = field(default_factory=dict)  # task options of the tested samples, e.g. {min_a_bits = 2}
-    test_offset: int = 0  # tests after steps offset + k * test_interval (the released code: 1, 1001, ...)
+
+
+@dataclass
+class DataConfig:
+    seed: int = 0  # seeds the training data stream
+    curriculum_start: int = 0  # first maximum length; 0 = no curriculum (task.train_max from the start)
+    curriculum_interval: int = 500  # steps between +1 increments of the maximum length
+    length_sampling: str = "per_sample"  # per_sample (lengths mixed in a batch) or per_batch (one length per batch)
+    # 0: fresh samples every step; N: a fixed set of N samples drawn once from data.seed, each read once per
+    # epoch in a fresh order (Cho et al.'s training sets; lengthgen.training.finite_set)
+    dataset_size: int = 0
     position_transform: str = "none"  # position IDs in training: none, random_offset, pose, randomized
     position_transform_options: dict = field(default_factory=dict)  # the transform's settings, e.g. {max_position = 64}
-    # streams the batch is drawn from: 1 = one stream from data_seed; N = N shards of batch_size/N samples, each
-    # seeded by (data_seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
-    data_shards: int = 1
-    log_to: list = field(default_factory=lambda: ["jsonl"])  # metric sinks: jsonl (always written), tensorboard, wandb
+    # streams the batch is drawn from: 1 = one stream from data.seed; N = N shards of batch_size/N samples, each
+    # seeded by (data.seed, shard, step) and their losses averaged; N processes of a data-parallel run split them
+    shards: int = 1
+
+
+@dataclass
+class TrainTestsConfig:
+    """Exact match during training, into metrics.jsonl (test@max at the curriculum's current maximum,
+    test@N at each of tests.lengths)."""
+    interval: int = 0  # every this many steps; 0 = off
+    lengths: str = ""  # lengths tested besides the current maximum, as eval.lengths ("" = none)
+    samples: int = 512  # test samples per length (the evaluator's fixed test set, eval.seed)
+    stops: list = field(default_factory=list)  # looped methods: stop rules tested; [] = oracle
+    options: dict = field(default_factory=dict)  # task options of the tested samples, e.g. {min_a_bits = 2}
+    offset: int = 0  # tests after steps offset + k * interval (the released code: 1, 1001, ...)
 
 
 @dataclass
@@ -156,7 +168,10 @@ class Config:
     method_options: dict = field(default_factory=dict)
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # the run: steps, batch, seed of the weights, device, logs
+    optim: OptimConfig = field(default_factory=OptimConfig)  # AdamW, its learning-rate schedule, the weights' EMA
+    data: DataConfig = field(default_factory=DataConfig)  # the training stream: its seed, curriculum, lengths, IDs
+    tests: TrainTestsConfig = field(default_factory=TrainTestsConfig)  # exact match during training
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
@@ -167,10 +182,17 @@ LOG_SINKS = ("jsonl", "tensorboard", "wandb")  # train.log_to choices (lengthgen
 DEVICE_PATTERN = re.compile(r"auto|cpu(:0)?|cuda(:[0-9]+)?|mps(:0)?")  # what pick_device can serve
 ATTENTION_DROPOUT_ON = ("weights", "logits")
 # keys of earlier versions: where they went (a saved run folder written by them still loads);
-# model.rope_theta moved on 2026-11-23, the methods' loss weights on 2026-11-27: run folders written since
-# never hold them
+# model.rope_theta moved on 2026-11-23; the methods' loss weights, and the [train] table's split into train, optim,
+# data and tests (TRAIN_SPLIT), on 2026-11-27: run folders written since never hold them
+TRAIN_SPLIT = {**{k: f"optim.{k}" for k in ("lr", "weight_decay", "decay_all", "betas", "grad_clip", "schedule",
+                                            "warmup_steps", "min_lr_ratio", "cosine_start", "ema", "ema_start")},
+               **{k: f"data.{k}" for k in ("curriculum_start", "curriculum_interval", "length_sampling",
+                                           "dataset_size", "position_transform", "position_transform_options")},
+               "data_seed": "data.seed", "data_shards": "data.shards",
+               **{f"test_{k}": f"tests.{k}" for k in ("interval", "lengths", "samples", "stops", "options", "offset")}}
 MOVED = {"model.rope_theta": "model.position_options.theta", "train.id_loss_weight": "method_options.id_loss_weight",
-         "train.halt_loss_weight": "method_options.halt_loss_weight"}
+         "train.halt_loss_weight": "method_options.halt_loss_weight",
+         **{f"train.{old}": new for old, new in TRAIN_SPLIT.items()}}
 # the method settings that were train.* keys, at their default then: a saved config lists every key, so a
 # run of another method carries them at this value, which is dropped, not moved
 METHOD_KEYS_WERE = {"id_loss_weight": 1.0, "halt_loss_weight": 1.0}
@@ -180,7 +202,7 @@ MAX_SEED = 2**63  # seeds are 0 <= seed < MAX_SEED (torch takes 64-bit seeds)
 MAX_EVAL_SEED = 2**40
 MAX_LENGTH = 100_000  # longest problem length, trained or tested
 MAX_LENGTHS = 10_000  # most test lengths in one eval.lengths
-MAX_DATASET = 100_000_000  # train.dataset_size: far above the 10^5-10^6 samples of Cho et al.'s sets
+MAX_DATASET = 100_000_000  # data.dataset_size: far above the 10^5-10^6 samples of Cho et al.'s sets
 # a config is a few levels deep (eval.sweep.k = [values]); tomllib recurses per level and stops at
 # Python's recursion limit, so a file nested thousands deep is refused in one line, not a traceback
 TOO_DEEP = "a lengthgen config is a few levels deep (section.key.option = [values])"
@@ -192,7 +214,7 @@ MAX_SEEDS = 1000
 
 RUNTIME_KEYS = {"train.threads", "train.device", "train.log_to", "train.capture"}  # how a run executes, not what it computes
 # set per run by a grid (--seeds, --threads): a --set of these would be overridden
-PER_RUN_KEYS = {"train.model_seed": "--seeds", "train.data_seed": "--seeds", "train.threads": "--threads"}
+PER_RUN_KEYS = {"train.model_seed": "--seeds", "data.seed": "--seeds", "train.threads": "--threads"}
 def _hint(key: str, options) -> str:
     close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
     return f" (did you mean {close[0]}?)" if close else ""
@@ -219,7 +241,7 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
                 raise ConfigError(f"config key {path} is now {MOVED[path]}")
             full = [f"{prefix}{k}" for k in known]
             raise ConfigError(f"unknown config key {path}{_hint(path, full)}")
-        if path in ("eval.lengths", "train.test_lengths") and isinstance(value, int) and not isinstance(value, bool):
+        if path in ("eval.lengths", "tests.lengths") and isinstance(value, int) and not isinstance(value, bool):
             value = str(value)  # `--set eval.lengths=24` is a TOML integer: one test length
         current = getattr(cfg, key)
         if is_dataclass(current):
@@ -237,8 +259,9 @@ def _upgrade(data: dict) -> dict:
     """A preset or saved config of an earlier version, in today's keys: model.rope_theta
     became RoPE's own option on 2026-11-23 (dropped for other schemes, which never read it);
     train.id_loss_weight and train.halt_loss_weight became method_options on 2026-11-27 (dropped
-    at their old default, which every saved config lists). Kept for run folders written before
-    then; remove when none is left to resume."""
+    at their old default, which every saved config lists); the [train] table split on 2026-11-27
+    (TRAIN_SPLIT; a key the new table also sets keeps the new table's value). Kept for run folders
+    written before then; remove when none is left to resume."""
     train = data.get("train")
     if isinstance(train, dict) and any(k in train for k in METHOD_KEYS_WERE):
         train = dict(train)
@@ -246,6 +269,8 @@ def _upgrade(data: dict) -> dict:
         moved = {k: v for k, v in moved.items() if v != METHOD_KEYS_WERE[k]}
         options = data.get("method_options", {})
         data = {**data, "train": train, "method_options": {**moved, **options} if isinstance(options, dict) else options}
+    if isinstance(train, dict) and any(k in train for k in TRAIN_SPLIT):
+        data = _split_train(data)
     model = data.get("model")
     if isinstance(model, dict) and "rope_theta" in model:
         model = dict(model)
@@ -253,6 +278,19 @@ def _upgrade(data: dict) -> dict:
         if model.get("position") == "rope" and theta != 10000.0:  # 10000 is RoPE's default
             model["position_options"] = {"theta": theta, **model.get("position_options", {})}
         data = {**data, "model": model}
+    return data
+
+
+def _split_train(data: dict) -> dict:
+    """The keys TRAIN_SPLIT moved out of [train], each into its own table under its new name."""
+    data, train = dict(data), dict(data["train"])
+    for old, new in TRAIN_SPLIT.items():
+        if old in train:
+            section, key = new.split(".")
+            table = data.get(section, {})
+            if isinstance(table, dict):
+                data[section] = {key: train.pop(old), **table}
+    data["train"] = train
     return data
 
 

@@ -61,7 +61,7 @@ class Method:
             raise ValueError(f"method {cfg.method} predicts one answer after the question; {task.name} is scored "
                              "inside the sequence (use a next-token method such as ntp)")
         if transform.changes_ids and not cls.accepts_position_ids:
-            raise ValueError(f"train.position_transform {transform.name!r} needs a method that reads position IDs; "
+            raise ValueError(f"data.position_transform {transform.name!r} needs a method that reads position IDs; "
                              f"{cfg.method} lays out its own")
         if not cls.has_positions and scheme is not PositionalScheme:
             raise ValueError(f"model.position {cfg.model.position!r}: method {cfg.method} has no positions to encode "

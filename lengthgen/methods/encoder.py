@@ -10,7 +10,7 @@ column sees every other column of its row, the slots included.
 A bidirectional model would let padding, or a token after a row's last slot (the last answer
 token, which the ntp layout keeps as an input), reach the real columns. So each row is run cut to
 its own width: rows of one width share a pass (`by_width`), and a batch of one length, which
-Delétang et al.'s protocol draws (train.length_sampling = "per_batch") and every evaluation batch
+Delétang et al.'s protocol draws (data.length_sampling = "per_batch") and every evaluation batch
 is for their tasks, is a single pass. No CUDA graph capture (a batch padded to a shape bucket
 would put padding in the rows).
 """

@@ -276,7 +276,7 @@ class PredictivePositionCoupling(Method):
             raise ValueError(f"method {cfg.method} predicts coupled position IDs, which {task.name} with options "
                              f"{cfg.task.options or '{}'} does not supply (is there a coupled option?)")
         if not transform.shifts_all_ids:
-            raise ValueError(f"method {cfg.method} needs a train.position_transform that moves a next token's ID "
+            raise ValueError(f"method {cfg.method} needs a data.position_transform that moves a next token's ID "
                              f"with the rest (none or random_offset), not {transform.name}")
         if scheme.has_bias or scheme.has_content:
             cached = [name for name, s in SCHEMES.items() if not (s.has_bias or s.has_content)]
@@ -287,7 +287,7 @@ class PredictivePositionCoupling(Method):
         if transform.random_start and not scheme.adds_ids:
             absolute = [name for name, s in SCHEMES.items() if s.adds_ids]
             raise ValueError(f"method {cfg.method} predicts absolute position IDs, which model.position "
-                             f"{cfg.model.position} never shows the model, so train.position_transform "
+                             f"{cfg.model.position} never shows the model, so data.position_transform "
                              f"{transform.name} makes them unpredictable; use {' or '.join(absolute)} positions, "
                              "or no transform")
 

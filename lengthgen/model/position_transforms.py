@@ -188,7 +188,7 @@ class Randomized(PositionTransform):
         return self(batch, generator)
 
 
-# Explicit registry: config name (train.position_transform) -> class
+# Explicit registry: config name (data.position_transform) -> class
 TRANSFORMS: dict[str, type[PositionTransform]] = {
     cls.name: cls for cls in (PositionTransform, RandomOffset, PoSE, Randomized)}
 

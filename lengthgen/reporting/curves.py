@@ -73,7 +73,7 @@ def run_label(entry: dict) -> str:
 
 def plot_training(rows: list[dict], agg: list[dict], path: Path) -> int:
     """Training loss against step, a panel per task, a line per series; below it, where runs
-    tested during training (train.test_interval), exact match against step, a line per series
+    tested during training (tests.interval), exact match against step, a line per series
     and test length (solid: the current curriculum maximum). Returns the loss panels drawn."""
     groups = runs_by_series(rows, agg)
     tasks = sorted({task for task, _ in groups})

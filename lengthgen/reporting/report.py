@@ -245,7 +245,7 @@ def draw_accuracy_vs_length(spec: dict, d: Drawn) -> list[str]:
 def draw_training_curves(spec: dict, d: Drawn) -> list[str]:
     plot_training(d.rows, d.agg, d.out / "training_curves.png")
     return ["## Training curves", "", "Training loss against step: mean over seeds, the band ± one standard error. "
-            "Runs that tested during training (`train.test_interval`) add a row below: exact match against step at "
+            "Runs that tested during training (`tests.interval`) add a row below: exact match against step at "
             "the curriculum's current maximum (solid) and at each test length.", "",
             "![training curves](training_curves.png)", ""]
 

@@ -9,7 +9,7 @@ sqrt(seeds)) and the number of seeds. Runs whose saved configs (config.toml)
 differ in anything but their seeds are never one series: `collect` labels them
 with the keys that differ, and refuses a run whose config it cannot read (no
 config.toml, or an empty one) where it would be averaged with other runs. The
-replicates of a series are its runs' (train.model_seed, train.data_seed) pairs:
+replicates of a series are its runs' (train.model_seed, data.seed) pairs:
 runs that differ only in their data seed are two seeds of one config. Runs of
 one series that differ in train_max, or at one length in baseline or n, are
 runs of different configs, not seeds: `aggregate` refuses to average them. The report's tables
@@ -85,8 +85,8 @@ def saved_config(folder: Path) -> dict | None:
 def label_config_differences(rows: list[dict]) -> None:
     """Runs the report would average as seeds of one series (same task, arm, method, position and
     labels) but whose saved configs differ in more than their seeds get each differing key as a
-    label column (e.g. train.lr), as a reproduction labels its runs: two configs are never one
-    series. Each row gets its run's train.data_seed (`data_seed`), which tells replicates apart
+    label column (e.g. optim.lr), as a reproduction labels its runs: two configs are never one
+    series. Each row gets its run's data.seed (`data_seed`), which tells replicates apart
     with the model seed. A run without a config.toml cannot be checked: it is reported only
     where it is alone in its series (a single run, or an eval.csv of its own), and refused where
     it would be averaged with other runs (see refuse_unchecked)."""
@@ -106,7 +106,7 @@ def label_config_differences(rows: list[dict]) -> None:
     for r in rows:
         r.update(added.get(r["source"], {}))
         if configs[r["source"]] is not None:
-            r["data_seed"] = configs[r["source"]].get("train.data_seed", "")
+            r["data_seed"] = configs[r["source"]].get("data.seed", "")
 
 
 def refuse_unchecked(rows: list[dict], configs: dict) -> None:

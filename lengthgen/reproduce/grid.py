@@ -382,10 +382,10 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
                 sweep = at.evaluation_sweep(run)
                 for seed in range(seeds):
                     seeded = copy.deepcopy(cfg)
-                    seeded.train.model_seed = seeded.train.data_seed = seed
+                    seeded.train.model_seed = seeded.data.seed = seed
                     seeded.train.threads = threads
                     jobs.append(Job(task, arm, seed, str(preset),
-                                    sets + [f"train.model_seed={seed}", f"train.data_seed={seed}", f"train.threads={threads}"],
+                                    sets + [f"train.model_seed={seed}", f"data.seed={seed}", f"train.threads={threads}"],
                                     str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
                                     labels[(task, arm, tuple(values.items()))], config=to_dict(seeded), sweep=sweep))
     return jobs

@@ -84,7 +84,7 @@ def gpus_used(jobs: list[Job]) -> int:
 
 def all_captured(jobs: list[Job]) -> bool:
     """Whether every run records its steps as CUDA graphs (lengthgen.training.captured)."""
-    return all(cfg.train.capture and cfg.train.data_shards == 1 and METHODS[cfg.method].capturable
+    return all(cfg.train.capture and cfg.data.shards == 1 and METHODS[cfg.method].capturable
                for cfg in (job.loaded() for job in jobs))
 
 

@@ -23,7 +23,7 @@ COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length",
 # Method.metric_names), named in the row's `metrics` cell (space-separated), so that a reader
 # needs no registry to tell a metric from a swept option.
 METRICS = ("accuracy", "token_accuracy", "stop_step")  # per length, averaged over seeds; tasks add theirs
-# per run, not what tells series apart; a report adds data_seed (train.data_seed) from the run's config.toml
+# per run, not what tells series apart; a report adds data_seed (data.seed) from the run's config.toml
 BOOKKEEPING = ("run", "seed", "data_seed", "n", "train_max", "baseline", "step", "source", "metrics")
 PER_STEP_COLUMNS = ["run", "task", "method", "arm", "position", "seed", "length", "n", "iteration", "accuracy",
                     "confidence", "oracle_step", "train_max"]

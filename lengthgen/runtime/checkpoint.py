@@ -3,7 +3,7 @@
 Layout inside a run folder:
 
     checkpoints/step_00000500/model.safetensors   weights of the (unwrapped) model
-    checkpoints/step_00000500/ema.safetensors     EMA weights, when train.ema > 0
+    checkpoints/step_00000500/ema.safetensors     EMA weights, when optim.ema > 0
     checkpoints/step_00000500/optimizer.pt        optimizer state (tensors and numbers only)
     checkpoints/step_00000500/state.json          config, step, RNG states, sha256 of the other files
     checkpoints/latest                            name of the newest complete checkpoint

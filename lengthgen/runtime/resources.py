@@ -99,14 +99,14 @@ def attention_held(m: ModelConfig, device: torch.device | None) -> bool:
 
 def training_terms(cfg: Config, vocab_size: int, tokens: int, device: torch.device | None = None) -> dict:
     """{name: (a lower bound of the bytes training holds for it, how it is made up, the keys that set it)}."""
-    m, tr = cfg.model, cfg.train
+    m, tr, te = cfg.model, cfg.train, cfg.tests
     heads = m.n_head if attention_held(cfg.model, device) else 0
-    per_param = FP32 * (4 + (tr.ema > 0))  # weights, gradients, AdamW's 2 moments (+ EMA), fp32
+    per_param = FP32 * (4 + (cfg.optim.ema > 0))  # weights, gradients, AdamW's 2 moments (+ EMA), fp32
     tables = vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     positions = m.max_positions * m.d_model if SCHEMES[m.position].trains_table else 0
     blocks = parameters_at_least(cfg.model, vocab_size) - tables - positions
-    test_length = max(parse_lengths(tr.test_lengths), default=0) if tr.test_lengths else 0
-    tested = tr.test_samples * max(test_length, cfg.task.train_max) * TOKEN if tr.test_interval else 0
+    test_length = max(parse_lengths(te.lengths), default=0) if te.lengths else 0
+    tested = te.samples * max(test_length, cfg.task.train_max) * TOKEN if te.interval else 0
     # the run's own evaluation (eval.samples at eval.lengths) holds its test set whole; a corpus's is read from disk
     held = TASKS[cfg.task.name].evaluation == "exact_match" if cfg.task.name in TASKS else False
     evaluated = cfg.eval.samples * max(parse_lengths(cfg.eval.lengths)) * TOKEN if held else 0
@@ -125,10 +125,10 @@ def training_terms(cfg: Config, vocab_size: int, tokens: int, device: torch.devi
                       f"{m.n_layer:,} x batch {tr.batch_size:,} x {m.n_head:,} heads x {tokens:,}² tokens",
                       "task.train_max, train.batch_size or model.n_head"),
         # a finite set holds every sample, at least train_min tokens each, as int16 inputs and targets
-        "training set": (tr.dataset_size * cfg.task.train_min * 4, f"{tr.dataset_size:,} samples",
-                         "train.dataset_size"),
-        "tests": (tested, f"{tr.test_samples:,} samples of up to {max(test_length, cfg.task.train_max):,} tokens",
-                  "train.test_samples or train.test_lengths"),
+        "training set": (cfg.data.dataset_size * cfg.task.train_min * 4, f"{cfg.data.dataset_size:,} samples",
+                         "data.dataset_size"),
+        "tests": (tested, f"{te.samples:,} samples of up to {max(test_length, cfg.task.train_max):,} tokens",
+                  "tests.samples or tests.lengths"),
         "evaluation's test set": (evaluated, f"{cfg.eval.samples:,} samples of up to "
                                   f"{max(parse_lengths(cfg.eval.lengths)):,} tokens", "eval.samples (--samples)"),
     }

@@ -38,7 +38,7 @@ def check_hinted(task: str, n: Tensor) -> None:
 def check_hinted_config(task: str, cfg) -> None:
     """ValueError naming the key if training or a test asks for a length beyond MAX_HINTED."""
     asked = {"task.train_max": [cfg.task.train_max], "eval.lengths": parse_lengths(cfg.eval.lengths),
-             "train.test_lengths": parse_lengths(cfg.train.test_lengths) if cfg.train.test_lengths else []}
+             "tests.lengths": parse_lengths(cfg.tests.lengths) if cfg.tests.lengths else []}
     for key, lengths in asked.items():
         if lengths and max(lengths) > MAX_HINTED:
             raise ValueError(f"{key} includes {max(lengths)}; {task} with index_hints has {len(HINTS)} hint "

@@ -42,13 +42,13 @@ class Text(Task):
     def check(self, cfg, transform: type) -> None:
         """A corpus is read, not drawn: no finite problem set, no exact-match tests during training,
         no position IDs drawn at evaluation; the corpus is there and tokenized before any folder is made."""
-        if cfg.train.dataset_size:
-            raise ValueError(f"train.dataset_size draws problems; {self.name} reads a corpus (set train.dataset_size=0)")
-        if cfg.train.test_interval:
-            raise ValueError(f"train.test_interval tests exact match; {self.name} is a language-model task "
+        if cfg.data.dataset_size:
+            raise ValueError(f"data.dataset_size draws problems; {self.name} reads a corpus (set data.dataset_size=0)")
+        if cfg.tests.interval:
+            raise ValueError(f"tests.interval tests exact match; {self.name} is a language-model task "
                              "(use lengthgen eval)")
         if transform.random_at_evaluation:
-            raise ValueError(f"train.position_transform {transform.name!r} draws position IDs at evaluation, which "
+            raise ValueError(f"data.position_transform {transform.name!r} draws position IDs at evaluation, which "
                              f"the perplexity of {self.name} does not; use pose or none")
         try:
             self.corpus.ensure()

@@ -172,7 +172,7 @@ def capture_refusal(method, ranks_world: int, shards: int) -> str | None:
     if not method.capturable:
         return f"method {method.name} reads its shapes on the host during its loss"
     if ranks_world > 1 or shards > 1:
-        return "data-parallel steps (several processes or train.data_shards > 1) run eagerly"
+        return "data-parallel steps (several processes or data.shards > 1) run eagerly"
     return None
 
 

@@ -4,15 +4,15 @@ torchrun starts N processes and tells each its place (RANK, WORLD_SIZE, LOCAL_RA
 join one process group (gloo on CPU, nccl on CUDA, each process on cuda:LOCAL_RANK) and
 train one model with DistributedDataParallel, which averages the gradients:
 
-- **Data.** The batch of `train.batch_size` samples is drawn as `train.data_shards` shards
-  of batch_size / data_shards samples; shard s at step t comes from a generator seeded by
-  (data_seed, s, t) (`shard_seed`), dropout in it from one seeded by (model_seed, s, t).
+- **Data.** The batch of `train.batch_size` samples is drawn as `data.shards` shards
+  of batch_size / data.shards samples; shard s at step t comes from a generator seeded by
+  (data.seed, s, t) (`shard_seed`), dropout in it from one seeded by (model_seed, s, t).
   The loss is the mean of the shards' losses. The N processes split the shards, process r
-  drawing shards r*k .. r*k+k-1 (k = data_shards / N), so the data, and the result up to
+  drawing shards r*k .. r*k+k-1 (k = data.shards / N), so the data, and the result up to
   the order of float reductions, depend on the config and not on N: a single process with
-  `--set train.data_shards=N` (which accumulates the N shards' gradients) trains the same
+  `--set data.shards=N` (which accumulates the N shards' gradients) trains the same
   weights as N processes, and a run may resume on another number of processes. A config
-  with one shard (the default: one stream seeded by data_seed, as before data-parallel
+  with one shard (the default: one stream seeded by data.seed, as before data-parallel
   runs existed) launched on N processes is given N shards, with a note; its config.toml
   records them.
 - **Writing.** Only rank 0 writes the run folder (config.toml, metrics.jsonl, checkpoints,
@@ -37,7 +37,7 @@ from lengthgen.errors import UserError
 def shard_seed(kind: str, seed: int, shard: int, step: int) -> int:
     """A 63-bit seed for shard `shard` at step `step`: the first 8 bytes of
     sha256("kind/seed/shard/step"). `kind` ("data", "dropout") keeps two streams of one
-    seed apart (reproductions give data_seed and model_seed the same value)."""
+    seed apart (reproductions give data.seed and train.model_seed the same value)."""
     digest = hashlib.sha256(f"{kind}/{seed}/{shard}/{step}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
@@ -103,15 +103,15 @@ class Ranks:
     def sharded(self, cfg, resume: bool):
         """`cfg`, with one data shard per process if it has one shard and several processes run
         it (not on resume, where the checkpoint's config fixes the data stream)."""
-        tr = cfg.train
-        if self.world > 1 and tr.data_shards == 1 and not resume and tr.batch_size % self.world == 0:
+        batch_size = cfg.train.batch_size
+        if self.world > 1 and cfg.data.shards == 1 and not resume and batch_size % self.world == 0:
             if self.main:
-                print(f"lengthgen: note: train.data_shards set to {self.world}, one per process "
-                      f"(one process with --set train.data_shards={self.world} draws the same data)", flush=True)
-            cfg = replace(cfg, train=replace(tr, data_shards=self.world))
-        if cfg.train.data_shards % self.world:
-            raise UserError(f"train.data_shards ({cfg.train.data_shards}) must be a multiple of the {self.world} "
-                            f"processes (and divide train.batch_size, {tr.batch_size})")
+                print(f"lengthgen: note: data.shards set to {self.world}, one per process "
+                      f"(one process with --set data.shards={self.world} draws the same data)", flush=True)
+            cfg = replace(cfg, data=replace(cfg.data, shards=self.world))
+        if cfg.data.shards % self.world:
+            raise UserError(f"data.shards ({cfg.data.shards}) must be a multiple of the {self.world} "
+                            f"processes (and divide train.batch_size, {batch_size})")
         return cfg
 
     def shards(self, data_shards: int) -> range:

@@ -1,15 +1,15 @@
-"""A fixed, finite training set (train.dataset_size), as Cho et al. train their coupling models.
+"""A fixed, finite training set (data.dataset_size), as Cho et al. train their coupling models.
 
-By default lengthgen draws fresh samples every step. With train.dataset_size = N the task's
+By default lengthgen draws fresh samples every step. With data.dataset_size = N the task's
 law (`Task.sample_range` over task.train_min..train_max) draws N samples once, from a
-generator of their own seeded by train.data_seed; every epoch then visits each of them
+generator of their own seeded by data.seed; every epoch then visits each of them
 exactly once, in a fresh order, batch_size at a time, the last batch of an epoch holding
 what is left (a DataLoader with shuffle and without drop_last, as their code uses).
 Position-ID transforms still draw per step from the data stream, as Cho et al. draw a
 sample's random start each time it is read.
 
-The batch of step s depends only on (data_seed, s): the order of epoch e comes from a
-generator seeded by (data_seed, e), so a resumed run reads the very batches the
+The batch of step s depends only on (data.seed, s): the order of epoch e comes from a
+generator seeded by (data.seed, e), so a resumed run reads the very batches the
 uninterrupted one would, with nothing in the checkpoint but the step.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ class FiniteSet:
 
 def training_set(cfg, task: Task) -> FiniteSet | None:
     """The run's finite training set, or None when it draws fresh samples (dataset_size 0)."""
-    tr = cfg.train
-    if not tr.dataset_size:
+    d = cfg.data
+    if not d.dataset_size:
         return None
-    return FiniteSet(task, tr.dataset_size, tr.batch_size, cfg.task.train_min, cfg.task.train_max, tr.data_seed)
+    return FiniteSet(task, d.dataset_size, cfg.train.batch_size, cfg.task.train_min, cfg.task.train_max, d.seed)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lengthgen.config.schema import Config, TrainConfig, to_dict
+from lengthgen.config.schema import Config, OptimConfig, to_dict
 from lengthgen.runtime import checkpoint
 
 
@@ -25,7 +25,7 @@ def decay_params(model: torch.nn.Module, decay_all: bool = False) -> list[dict]:
 @dataclass
 class RunState:
     model: torch.nn.Module
-    ema: torch.nn.Module | None  # the weights' exponential moving average (train.ema > 0)
+    ema: torch.nn.Module | None  # the weights' exponential moving average (optim.ema > 0)
     optimizer: torch.optim.Optimizer
     data: torch.Generator  # the training data stream (and the position IDs drawn with it)
     step: int = 0
@@ -33,14 +33,14 @@ class RunState:
 
     @classmethod
     def start(cls, cfg: Config, method, task, device: torch.device) -> RunState:
-        """Step 0: the model initialised from train.model_seed, the data stream from train.data_seed."""
-        tr = cfg.train
-        torch.manual_seed(tr.model_seed)
+        """Step 0: the model initialised from train.model_seed, the data stream from data.seed."""
+        op = cfg.optim
+        torch.manual_seed(cfg.train.model_seed)
         model = method.build_model(cfg, task).to(device)
-        ema = copy.deepcopy(model).requires_grad_(False) if tr.ema > 0 else None
-        optimizer = torch.optim.AdamW(decay_params(model, tr.decay_all), lr=tr.lr, betas=tuple(tr.betas),
-                                      weight_decay=tr.weight_decay)
-        return cls(model, ema, optimizer, torch.Generator().manual_seed(tr.data_seed))
+        ema = copy.deepcopy(model).requires_grad_(False) if op.ema > 0 else None
+        optimizer = torch.optim.AdamW(decay_params(model, op.decay_all), lr=op.lr, betas=tuple(op.betas),
+                                      weight_decay=op.weight_decay)
+        return cls(model, ema, optimizer, torch.Generator().manual_seed(cfg.data.seed))
 
     def restore(self, folder: Path) -> None:
         """Continue from the run's latest checkpoint (its files checked against their digests)."""
@@ -61,16 +61,16 @@ class RunState:
         checkpoint.save(folder, self.step, self.model, self.optimizer, self.ema, state)
 
     @torch.no_grad()
-    def update_ema(self, tr: TrainConfig) -> None:
+    def update_ema(self, op: OptimConfig) -> None:
         """After an optimizer step: the EMA starts as the weights after step ema_start, then
-        follows them with decay train.ema."""
-        if self.ema is None or self.step + 1 < tr.ema_start:
+        follows them with decay optim.ema."""
+        if self.ema is None or self.step + 1 < op.ema_start:
             return
         ema, weights = list(self.ema.parameters()), list(self.model.parameters())
-        if self.step + 1 == tr.ema_start:
+        if self.step + 1 == op.ema_start:
             torch._foreach_copy_(ema, weights)
         else:
-            torch._foreach_lerp_(ema, weights, 1 - tr.ema)
+            torch._foreach_lerp_(ema, weights, 1 - op.ema)
 
     def tested_weights(self, ema_start: int) -> torch.nn.Module:
         """The weights evaluated: the EMA once it has started, else the model."""

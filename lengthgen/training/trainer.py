@@ -1,11 +1,11 @@
 """Training a run: the Trainer's stages around a RunState, the run folder, resume.
 
 One training step: draw a fresh batch from the task (online i.i.d. samples, lengths up to the
-current curriculum maximum; or the step's batch of a fixed finite set, train.dataset_size,
-lengthgen.training.finite_set) -> position-ID transform (train.position_transform,
+current curriculum maximum; or the step's batch of a fixed finite set, data.dataset_size,
+lengthgen.training.finite_set) -> position-ID transform (data.position_transform,
 lengthgen.model.position_transforms) -> method loss -> backward -> clip -> AdamW step -> EMA
 update (lengthgen.training.run_state). Metrics go to metrics.jsonl every `log_interval` steps,
-with the values of the hooks due (exact match at test lengths every `test_interval` steps,
+with the values of the hooks due (exact match at test lengths every `tests.interval` steps,
 lengthgen.evaluation.during_training); checkpoints every `checkpoint_interval` steps and at the
 end. Three seeds are kept apart: model initialisation, training data and evaluation (the last
 one lives in the evaluator). The curriculum and learning rate are lengthgen.config.schedules.
@@ -54,34 +54,34 @@ def sample_batch(task: Task, batch_size: int, low: int, high: int, generator: to
 def draw_batches(cfg: Config, task: Task, transform, step: int, high: int, data: torch.Generator,
                  shards: range, finite: FiniteSet | None = None) -> list[Batch]:
     """The step's training data: one batch from the run's stream `data` (one data shard), or one
-    batch of batch_size / data_shards samples per shard this process draws, each from a generator
-    seeded by (data_seed, shard, step), so no process needs another's stream (lengthgen.training.distributed).
-    With a finite training set (train.dataset_size), the step's batch of it; IDs still drawn from `data`."""
-    tr, per_sample = cfg.train, cfg.train.length_sampling == "per_sample"
+    batch of batch_size / data.shards samples per shard this process draws, each from a generator
+    seeded by (data.seed, shard, step), so no process needs another's stream (lengthgen.training.distributed).
+    With a finite training set (data.dataset_size), the step's batch of it; IDs still drawn from `data`."""
+    d, per_sample = cfg.data, cfg.data.length_sampling == "per_sample"
     if finite is not None:
         return [transform(finite.batch(step), data)]
-    if tr.data_shards == 1:
-        batch = sample_batch(task, tr.batch_size, cfg.task.train_min, high, data, per_sample)
+    if d.shards == 1:
+        batch = sample_batch(task, cfg.train.batch_size, cfg.task.train_min, high, data, per_sample)
         return [transform(batch, data)]  # position IDs drawn from the data stream too
     batches = []
     for shard in shards:
-        stream = torch.Generator().manual_seed(shard_seed("data", tr.data_seed, shard, step))
-        batch = sample_batch(task, tr.batch_size // tr.data_shards, cfg.task.train_min, high, stream, per_sample)
+        stream = torch.Generator().manual_seed(shard_seed("data", d.seed, shard, step))
+        batch = sample_batch(task, cfg.train.batch_size // d.shards, cfg.task.train_min, high, stream, per_sample)
         batches.append(transform(batch, stream))
     return batches
 
 
-def backward(loss_of, batches: list[Batch], tr: TrainConfig, step: int, shards: range,
+def backward(loss_of, batches: list[Batch], cfg: Config, step: int, shards: range,
              device: torch.device) -> torch.Tensor:
     """Gradients of the mean of the batches' losses (DDP averages them over processes); returns
     that mean. A shard's dropout is seeded by (model_seed, shard, step): the same masks whichever
     process draws the shard."""
     total = torch.zeros((), device=device)
     for i, (shard, batch) in enumerate(zip(shards, batches)):
-        if tr.data_shards > 1:
-            torch.manual_seed(shard_seed("dropout", tr.model_seed, shard, step))
+        if cfg.data.shards > 1:
+            torch.manual_seed(shard_seed("dropout", cfg.train.model_seed, shard, step))
         with no_sync(loss_of, last=i == len(batches) - 1):
-            with autocast(device, tr.precision):
+            with autocast(device, cfg.train.precision):
                 loss = loss_of(batch.to(device))
             (loss / len(batches)).backward()
         total += loss.detach()
@@ -159,7 +159,7 @@ class Trainer:
         self.ranks, self.device, self.hooks = ranks, device, list(hooks)
         self.transform = run.transform
         self.fixed_set = training_set(cfg, task)  # None: fresh samples every step
-        self.loss_of, self.shards = None, ranks.shards(cfg.train.data_shards)
+        self.loss_of, self.shards = None, ranks.shards(cfg.data.shards)
         self.compiled, self.graphs_before = False, 0
         self.captured: CapturedSteps | None = None  # the step as CUDA graphs (train.capture)
         self.loss_sum = torch.zeros((), device=device)  # on the device: no host sync per step on GPUs
@@ -176,14 +176,14 @@ class Trainer:
         optimizer = self.state.optimizer
         optimizer.zero_grad(set_to_none=True)
         try:
-            return backward(self.loss_of, batches, self.cfg.train, self.state.step, self.shards, self.device)
+            return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
         except Exception as err:
             if not (self.compiled and compile_failed(err)):
                 raise
             fall_back(self.state.model, err)
             self.compiled = False
             optimizer.zero_grad(set_to_none=True)
-            return backward(self.loss_of, batches, self.cfg.train, self.state.step, self.shards, self.device)
+            return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
 
     def replayed(self, batches: list[Batch], lr: float) -> torch.Tensor | None:
         """The whole step from a CUDA graph (gradients, clipping, the optimizer): its loss, or None
@@ -203,24 +203,24 @@ class Trainer:
         tr = self.cfg.train
         if not (tr.capture and self.device.type == "cuda"):
             return
-        reason = capture_refusal(self.method, self.ranks.world, tr.data_shards)
+        reason = capture_refusal(self.method, self.ranks.world, self.cfg.data.shards)
         if reason:
             note(reason)
             return
-        self.captured = CapturedSteps(self.method, self.state.model, self.state.optimizer, tr.grad_clip,
-                                      tr.precision, self.device)
+        self.captured = CapturedSteps(self.method, self.state.model, self.state.optimizer,
+                                      self.cfg.optim.grad_clip, tr.precision, self.device)
 
     def step(self) -> tuple[float, int]:
         """One optimizer step; returns its learning rate and curriculum maximum."""
-        tr, state = self.cfg.train, self.state
+        op, state = self.cfg.optim, self.state
         high = curriculum_max(self.cfg, state.step)
         batches = self.draw(high)
         lr = learning_rate(self.cfg, state.step)
         loss = self.replayed(batches, lr) if self.captured is not None else None
         if loss is None:
             loss = self.learn(batches)
-            update(state.optimizer, state.model, lr, tr.grad_clip)
-        state.update_ema(tr)
+            update(state.optimizer, state.model, lr, op.grad_clip)
+        state.update_ema(op)
         state.step += 1
         self.loss_sum += loss
         self.finite &= torch.isfinite(loss)
@@ -231,7 +231,7 @@ class Trainer:
     def log_row(self, lr: float, high: int, hooked: list) -> dict:
         """The metrics.jsonl row of the steps since the last one (every process's losses and
         samples), with the values of the hooks due; a NaN or infinite loss stops training here."""
-        step, tr = self.state.step, self.cfg.train
+        step = self.state.step
         losses, finite_count, samples = self.ranks.summed(self.loss_sum, self.finite, torch.tensor(
             float(self.window_samples), device=self.device))
         if int(finite_count) < self.ranks.world:
@@ -247,7 +247,7 @@ class Trainer:
             row["cuda_graphs"] = self.captured.count()
         if hooked and self.ranks.main:
             began = time.perf_counter()
-            weights = self.state.tested_weights(tr.ema_start)
+            weights = self.state.tested_weights(self.cfg.optim.ema_start)
             for hook in hooked:
                 row.update(hook(weights, high))
             self.start_time += time.perf_counter() - began

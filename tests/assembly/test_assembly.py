@@ -12,9 +12,9 @@ from lengthgen.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[2] / "experiments"
 PPC = ("sparsity/cpu/addition_mixed.toml", ["method=ppc", "task.options.coupled=true", "model.position=learned",
-                                             "train.position_transform=random_offset",
-                                             "train.position_transform_options.keep_zero=true",
-                                             "train.position_transform_options.max_position=40"])
+                                             "data.position_transform=random_offset",
+                                             "data.position_transform_options.keep_zero=true",
+                                             "data.position_transform_options.max_position=40"])
 LOOPED = ("looped/cpu/parity.toml", [])
 
 

@@ -67,11 +67,11 @@ def test_every_run_of_every_grid_loads(paper):
 
 
 def test_overrides_are_typed_and_win():
-    cfg = assembly.load(None, ["model.n_layer=3", "model.position=rope", "train.lr=0.002", "task.name=copy",
-                             "train.betas=[0.9, 0.95]", "task.options={}"])
-    assert (cfg.model.n_layer, cfg.model.position, cfg.train.lr, cfg.task.name) == (3, "rope", 0.002, "copy")
-    assert cfg.train.betas == [0.9, 0.95]
-    assert isinstance(assembly.load(None, ["train.lr=1"]).train.lr, float)  # ints are accepted for floats
+    cfg = assembly.load(None, ["model.n_layer=3", "model.position=rope", "optim.lr=0.002", "task.name=copy",
+                             "optim.betas=[0.9, 0.95]", "task.options={}"])
+    assert (cfg.model.n_layer, cfg.model.position, cfg.optim.lr, cfg.task.name) == (3, "rope", 0.002, "copy")
+    assert cfg.optim.betas == [0.9, 0.95]
+    assert isinstance(assembly.load(None, ["optim.lr=1"]).optim.lr, float)  # ints are accepted for floats
 
 
 @pytest.mark.parametrize("override, names", [
@@ -80,7 +80,7 @@ def test_overrides_are_typed_and_win():
     ("nosection.x=1", ["nosection"]),
     ("model.d_model=abc", ["model.d_model", "int"]),
     ("model.d_model=1.5", ["model.d_model", "int"]),
-    ("train.ema=true", ["train.ema", "bool"]),
+    ("optim.ema=true", ["optim.ema", "bool"]),
     ("model=3", ["model", "section"]),
     ("model.n_head=5", ["model.n_head", "divide"]),
     ("task.name=parityy", ["task.name", "did you mean parity"]),
@@ -90,8 +90,8 @@ def test_overrides_are_typed_and_win():
     ("task.train_max=0", ["task.train_max"]),
     ("eval.lengths=0:5", ["lengths", ">= 1"]),
     ("eval.lengths=a:b", ["lengths"]),
-    ("train.schedule=linearr", ["train.schedule", "did you mean linear"]),
-    ("train.curriculum_start=99", ["train.curriculum_start"]),
+    ("optim.schedule=linearr", ["optim.schedule", "did you mean linear"]),
+    ("data.curriculum_start=99", ["data.curriculum_start"]),
     ("task.options={bogus=1}", ["task.options", "bogus"]),
     ("model.position_options.no_such=1", ["model.position_options.no_such", "not an option of nope"]),
     ("model.rope_theta=5", ["model.rope_theta", "model.position_options.theta"]),
@@ -104,18 +104,18 @@ def test_overrides_are_typed_and_win():
     ("model.qkv_bias=0", ["model.qkv_bias", "bool"]),
     ("model.init=tra2", ["model.init", "did you mean tra"]),
     ("model.bias=1", ["model.bias", "bool"]),
-    ("train.position_transform=pose2", ["train.position_transform", "did you mean pose"]),
+    ("data.position_transform=pose2", ["data.position_transform", "did you mean pose"]),
     ("eval.sweep={bogus=[1]}", ["eval.sweep.bogus"]),
     ('train.log_to=["jsonl", "tensorbord"]', ["train.log_to", "did you mean tensorboard"]),
-    ("train.data_shards=3", ["train.data_shards", "divide train.batch_size"]),
-    ("train.cosine_start=100", ["train.cosine_start", "curriculum_cosine"]),
-    ("train.cosine_start=-1", ["train.cosine_start", ">= 0"]),
+    ("data.shards=3", ["data.shards", "divide train.batch_size"]),
+    ("optim.cosine_start=100", ["optim.cosine_start", "curriculum_cosine"]),
+    ("optim.cosine_start=-1", ["optim.cosine_start", ">= 0"]),
     ("train.halt_loss_weight=2", ["train.halt_loss_weight", "method_options.halt_loss_weight"]),
     ("method_options.halt_loss_weight=1", ["method_options.halt_loss_weight", "not an option of ntp"]),
     ("model.embed_bias=1", ["model.embed_bias", "bool"]),
     ("task.pad_to_row=yes", ["task.pad_to_row", "bool"]),
     ("eval.confidence_precision=float16", ["eval.confidence_precision", "float64, float32"]),
-    ("train.ema_start=-1", ["train.ema_start", "0..train.steps - 1"]),
+    ("optim.ema_start=-1", ["optim.ema_start", "0..train.steps - 1"]),
     ("task.options={empty_zero=true}", ["task.options", "empty_zero"]),
 ])
 def test_bad_values_name_the_key(override, names):
@@ -134,22 +134,22 @@ def test_bad_values_name_the_key(override, names):
     (["model.position=rope", "model.position_options.thetaa=5"], ["model.position_options.thetaa", "did you mean theta"]),
     (["model.position=rope", "model.position_options.theta=-1"], ["model.position_options", "theta"]),
     (["model.position=rope", "model.position_options.style=diagonal"], ["model.position_options", "style"]),
-    (["train.position_transform=pose"], ["train.position_transform_options", "target_length"]),
-    (["train.position_transform=pose", "train.position_transform_options.target_length=8"],
-     ["train.position_transform_options", "target_length 8 allows position IDs up to 7"]),
-    (["train.position_transform=random_offset", "train.position_transform_options={max_position=3}"],
+    (["data.position_transform=pose"], ["data.position_transform_options", "target_length"]),
+    (["data.position_transform=pose", "data.position_transform_options.target_length=8"],
+     ["data.position_transform_options", "target_length 8 allows position IDs up to 7"]),
+    (["data.position_transform=random_offset", "data.position_transform_options={max_position=3}"],
      ["max_position 3 allows position IDs up to 3"]),
-    (["train.position_transform=randomized", "train.position_transform_options={max_position=64, chunks=2}"],
-     ["train.position_transform_options.chunks", "not an option of randomized"]),
-    (["train.position_transform_options={max_position=64}"],
-     ["train.position_transform_options.max_position", "not an option of none; its options: none"]),
-    (["model.position=learned", "model.max_positions=40", "train.position_transform=random_offset",
-      "train.position_transform_options={max_position=64}"], ["model.max_positions (40)", "up to 64", "at least 65"]),
-    (["method=ntp-pause", "train.position_transform=random_offset", "train.position_transform_options={max_position=64}"],
-     ["train.position_transform", "ntp-pause"]),
+    (["data.position_transform=randomized", "data.position_transform_options={max_position=64, chunks=2}"],
+     ["data.position_transform_options.chunks", "not an option of randomized"]),
+    (["data.position_transform_options={max_position=64}"],
+     ["data.position_transform_options.max_position", "not an option of none; its options: none"]),
+    (["model.position=learned", "model.max_positions=40", "data.position_transform=random_offset",
+      "data.position_transform_options={max_position=64}"], ["model.max_positions (40)", "up to 64", "at least 65"]),
+    (["method=ntp-pause", "data.position_transform=random_offset", "data.position_transform_options={max_position=64}"],
+     ["data.position_transform", "ntp-pause"]),
     (["task.name=multiplication", "eval.sweep={max_a_bits=[2, 0]}"], ["eval.sweep", "max_a_bits=0"]),
     (["model.dropout=0.1", "model.embed_dropout=0.1"], ["model.dropout", "model.embed_dropout"]),
-    (["task.name=text", "train.position_transform=randomized", "train.position_transform_options={max_position=512}",
+    (["task.name=text", "data.position_transform=randomized", "data.position_transform_options={max_position=512}",
       "model.position=sinusoidal"], ["randomized", "perplexity"]),
     (["eval.sweep={symbols=[]}"], ["eval.sweep"]),
 ], ids=["halt-weight", "id-weight-type", "method-option-hint", "scheme-option-hint", "theta", "style", "pose-needs-target", "pose-short", "offset-short", "transform-option", "none-has-no-options",
@@ -190,8 +190,8 @@ def test_missing_and_invalid_preset(tmp_path):
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
     cfg = assembly.load(None, ["model.position=rope", "task.name=unique_set", "task.options={symbols = 7}",
-                              "train.betas=[0.8, 0.9]", "eval.lengths=1:30:2", "model.position_options.theta=5e5",
-                              "train.position_transform=pose", "train.position_transform_options={target_length=64}",
+                              "optim.betas=[0.8, 0.9]", "eval.lengths=1:30:2", "model.position_options.theta=5e5",
+                              "data.position_transform=pose", "data.position_transform_options={target_length=64}",
                               "eval.sweep={symbols=[7]}", "model.norm=rmsnorm", "model.mlp=swiglu"])
     path = tmp_path / "config.toml"
     path.write_text(config.to_toml(cfg))
@@ -242,9 +242,9 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
         return [p.name for p in inspect.signature(cls.__init__).parameters.values()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in skip]
 
-    choices = {"method": METHODS, "model.position": SCHEMES, "train.position_transform": TRANSFORMS,
+    choices = {"method": METHODS, "model.position": SCHEMES, "data.position_transform": TRANSFORMS,
                "model.init": transformer.INITS, "model.norm": transformer.NORMS, "model.mlp": transformer.MLPS,
-               "model.residual": transformer.RESIDUALS, "train.schedule": SCHEDULES,
+               "model.residual": transformer.RESIDUALS, "optim.schedule": SCHEDULES,
                "train.log_to": schema.LOG_SINKS, "model.attn_dropout_on": schema.ATTENTION_DROPOUT_ON}
     for key, names in choices.items():
         for name in names:
@@ -255,7 +255,7 @@ def test_the_configuration_page_lists_every_key_choice_and_option():
             assert f"`{name}` takes" in rows["model.position_options"] and f"`{option}`" in rows["model.position_options"], (name, option)
     for name, cls in TRANSFORMS.items():
         for option in options(cls):
-            assert f"`{option}`" in rows["train.position_transform_options"], (name, option)
+            assert f"`{option}`" in rows["data.position_transform_options"], (name, option)
     for name, cls in METHODS.items():
         for option in options(cls):
             assert f"`{name}`" in rows["method_options"] and f"`{option}`" in rows["method_options"], (name, option)
@@ -269,3 +269,35 @@ def test_the_methods_loss_weights_of_an_earlier_version_move_to_method_options()
     cfg = from_data(old)
     assert cfg.method_options == {"id_loss_weight": 0.5} and cfg.train.steps == 5
     assert from_data({"method": "ntp", "train": {"id_loss_weight": 1.0, "halt_loss_weight": 1.0}}).method_options == {}
+
+
+OLD_TRAIN = {"steps": 7, "batch_size": 16, "lr": 0.002, "betas": [0.9, 0.95], "schedule": "linear", "ema": 0.5,
+             "curriculum_start": 3, "length_sampling": "per_batch", "data_seed": 4, "data_shards": 2,
+             "position_transform": "random_offset", "position_transform_options": {"max_position": 30},
+             "test_interval": 5, "test_lengths": "8", "test_stops": ["oracle"], "test_offset": 1}
+
+
+def test_a_train_table_of_an_earlier_version_splits_into_its_sections(tmp_path):
+    """Until 2026-11-27 [train] held the optimiser, the data stream and the tests: a preset or saved
+    config of that layout loads with each key in its table, renamed where the table names it."""
+    from lengthgen.config.schema import TRAIN_SPLIT, from_data
+    preset = tmp_path / "old.toml"
+    preset.write_text("[train]\n" + "".join(f"{k} = {config.toml_value(v)}\n" for k, v in OLD_TRAIN.items()))
+    for cfg in (config.read(preset), from_data({"train": OLD_TRAIN})):
+        assert (cfg.train.steps, cfg.train.batch_size) == (7, 16)
+        assert (cfg.optim.lr, cfg.optim.betas, cfg.optim.schedule, cfg.optim.ema) == (0.002, [0.9, 0.95], "linear", 0.5)
+        assert (cfg.data.seed, cfg.data.shards, cfg.data.curriculum_start, cfg.data.length_sampling) == (4, 2, 3, "per_batch")
+        assert (cfg.data.position_transform, cfg.data.position_transform_options) == ("random_offset", {"max_position": 30})
+        assert (cfg.tests.interval, cfg.tests.lengths, cfg.tests.stops, cfg.tests.offset) == (5, "8", ["oracle"], 1)
+    # every old key has a new home that exists, and a table set in the new layout wins over the old key
+    for new in TRAIN_SPLIT.values():
+        section, key = new.split(".")
+        assert hasattr(getattr(config.Config(), section), key), new
+    assert from_data({"train": {"lr": 0.1}, "optim": {"lr": 0.2}}).optim.lr == 0.2
+
+
+@pytest.mark.parametrize("old, new", [("train.lr", "optim.lr"), ("train.data_seed", "data.seed"),
+                                      ("train.test_interval", "tests.interval"), ("train.data_shards", "data.shards")])
+def test_setting_a_key_of_the_old_train_table_names_its_new_key(old, new):
+    with pytest.raises(ConfigError, match=f"config key {old} is now {new}"):
+        config.read(None, [f"{old}=1"])

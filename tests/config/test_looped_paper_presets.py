@@ -28,9 +28,9 @@ TASKS = ("parity", "copy", "addition", "binary_sum", "multiplication", "unique_s
 REQUIRED = {  # the settings every paper preset must document, whether it sets them or not
     "method", "task.name", "task.train_min", "task.train_max",
     "model.d_model", "model.n_layer", "model.n_head", "model.position", "model.init", "model.tie_embeddings",
-    "train.steps", "train.batch_size", "train.lr", "train.weight_decay", "train.betas", "train.grad_clip",
-    "train.schedule", "train.warmup_steps", "train.min_lr_ratio", "train.curriculum_start",
-    "train.curriculum_interval", "train.length_sampling", "train.ema",
+    "train.steps", "train.batch_size", "optim.lr", "optim.weight_decay", "optim.betas", "optim.grad_clip",
+    "optim.schedule", "optim.warmup_steps", "optim.min_lr_ratio", "data.curriculum_start",
+    "data.curriculum_interval", "data.length_sampling", "optim.ema",
     "eval.lengths", "eval.samples", "eval.batch_size",
 }
 
@@ -85,19 +85,19 @@ def test_the_preset_keeps_the_released_configuration(task):
     cfg = load(task)
     depth, heads, end, interval, test_len = RELEASED[task]
     assert (cfg.model.d_model, cfg.model.n_layer, cfg.model.n_head) == (256, depth, heads)
-    assert (cfg.train.batch_size, cfg.train.lr, cfg.train.steps, cfg.train.ema) == (64, 1e-4, 100_001, 0.0)
+    assert (cfg.train.batch_size, cfg.optim.lr, cfg.train.steps, cfg.optim.ema) == (64, 1e-4, 100_001, 0.0)
     assert (cfg.task.train_min, cfg.task.train_max) == (1, end - 1)
     lengths = config.parse_lengths(cfg.eval.lengths)
     assert test_len in lengths and cfg.task.train_max in lengths
     assert (cfg.eval.samples, cfg.eval.batch_size) == (6400, 6400)
     # tests during training: every 1000 steps, 512 samples, at test_len besides the current maximum
-    assert (cfg.train.test_interval, cfg.train.test_samples) == (1000, 512)
-    assert config.parse_lengths(cfg.train.test_lengths) == [test_len]
-    assert cfg.train.test_stops == ["oracle", f"confidence:+{30 if task in ('multiplication', 'unique_set') else 20}"]
-    assert cfg.train.test_offset == 1  # `if (i) % 1000 == 0` after update i + 1: updates 1, 1001, ...
-    assert cfg.train.test_options == ({"min_a_bits": 2} if task == "multiplication" else {})
+    assert (cfg.tests.interval, cfg.tests.samples) == (1000, 512)
+    assert config.parse_lengths(cfg.tests.lengths) == [test_len]
+    assert cfg.tests.stops == ["oracle", f"confidence:+{30 if task in ('multiplication', 'unique_set') else 20}"]
+    assert cfg.tests.offset == 1  # `if (i) % 1000 == 0` after update i + 1: updates 1, 1001, ...
+    assert cfg.tests.options == ({"min_a_bits": 2} if task == "multiplication" else {})
     assert cfg.eval.confidence_precision == "float32"  # nn.CrossEntropyLoss on float32 logits
-    assert cfg.train.ema_start == end * interval + 2  # the EMA restart at i == end * interval + 1
+    assert cfg.optim.ema_start == end * interval + 2  # the EMA restart at i == end * interval + 1
     assert cfg.task.options.get("empty_zero", False) is (task == "binary_sum")  # decimal_to_binary(0) == []
 
 

@@ -31,10 +31,10 @@ REQUIRED = {  # every setting the released code fixes, whether the preset or the
     "model.norm", "model.residual", "model.attn_scale", "model.bias", "model.head_bias", "model.embed_bias",
     "model.init", "model.tie_embeddings", "model.scaled_head", "model.position", "model.position_options.std",
     "model.max_positions", "model.dropout", "model.attn_dropout", "model.mlp_dropout", "model.embed_dropout",
-    "train.steps", "train.batch_size", "train.dataset_size", "train.lr", "train.betas", "train.weight_decay",
-    "train.grad_clip", "train.schedule", "train.warmup_steps", "train.min_lr_ratio", "train.curriculum_start",
-    "train.length_sampling", "train.precision", "train.position_transform",
-    "train.position_transform_options.max_position", "train.position_transform_options.keep_zero",
+    "train.steps", "train.batch_size", "data.dataset_size", "optim.lr", "optim.betas", "optim.weight_decay",
+    "optim.grad_clip", "optim.schedule", "optim.warmup_steps", "optim.min_lr_ratio", "data.curriculum_start",
+    "data.length_sampling", "train.precision", "data.position_transform",
+    "data.position_transform_options.max_position", "data.position_transform_options.keep_zero",
     "eval.lengths", "eval.samples"}
 
 # task: (longest training operand, layers, heads, width, training samples, max position), from
@@ -79,10 +79,10 @@ def test_the_released_values(task):
     cfg = assembly.load(path(task), arm(task))
     longest, layers, heads, width, samples, max_position = RELEASED[task]
     assert (cfg.task.train_max, cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model) == (longest, layers, heads, width)
-    assert cfg.train.dataset_size == samples and cfg.model.mlp_ratio * cfg.model.d_model == 2048
-    assert cfg.train.position_transform_options["max_position"] == max_position < cfg.model.max_positions
+    assert cfg.data.dataset_size == samples and cfg.model.mlp_ratio * cfg.model.d_model == 2048
+    assert cfg.data.position_transform_options["max_position"] == max_position < cfg.model.max_positions
     values = config.flat(config.to_dict(cfg))
-    assert values["model.position_options.std"] == 1.0 and values["train.betas"] == [0.9, 0.95]
+    assert values["model.position_options.std"] == 1.0 and values["optim.betas"] == [0.9, 0.95]
 
 
 def custom_cosine(step: int, steps: int = 50_000, warmup_ratio: float = 0.01, min_lr_ratio: float = 0.1) -> float:
@@ -99,8 +99,8 @@ def test_the_schedule_is_theirs(task):
     """Equal from the end of the warm-up on; within one step's rise during it (theirs starts at 0)."""
     cfg = assembly.load(path(task), arm(task))
     for step in range(0, cfg.train.steps, 7):
-        ours, theirs = learning_rate(cfg, step), cfg.train.lr * custom_cosine(step)
-        if step >= cfg.train.warmup_steps:
+        ours, theirs = learning_rate(cfg, step), cfg.optim.lr * custom_cosine(step)
+        if step >= cfg.optim.warmup_steps:
             assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-15), step
         else:
-            assert 0 < ours - theirs <= cfg.train.lr / cfg.train.warmup_steps + 1e-15, step
+            assert 0 < ours - theirs <= cfg.optim.lr / cfg.optim.warmup_steps + 1e-15, step

@@ -25,8 +25,8 @@ REQUIRED = {  # the settings every preset's tables must give, whether the preset
     "method", "task.name", "task.train_min", "task.train_max", "model.d_model", "model.n_layer", "model.n_head",
     "model.mlp", "model.mlp_ratio", "model.norm", "model.residual", "model.bias", "model.qkv_bias",
     "model.attn_dropout", "model.attn_dropout_on", "model.mlp_dropout", "model.embed_dropout", "model.dropout",
-    "model.init", "model.tie_embeddings", "train.steps", "train.batch_size", "train.lr", "train.weight_decay",
-    "train.decay_all", "train.betas", "train.grad_clip", "train.schedule", "train.warmup_steps",
+    "model.init", "model.tie_embeddings", "train.steps", "train.batch_size", "optim.lr", "optim.weight_decay",
+    "optim.decay_all", "optim.betas", "optim.grad_clip", "optim.schedule", "optim.warmup_steps",
     "eval.lengths", "eval.samples"}
 
 

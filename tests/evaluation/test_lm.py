@@ -131,7 +131,7 @@ def test_a_tiny_language_model_learns_and_is_evaluated_and_reported(docs, tmp_pa
     for position in ("rope", "tra"):
         for seed in (0, 1):
             run = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(
-                folder, f"model.position={position}", f"train.model_seed={seed}", f"train.data_seed={seed}"))
+                folder, f"model.position={position}", f"train.model_seed={seed}", f"data.seed={seed}"))
             train(run, runs / f"{position}-s{seed}", progress=False)
             (runs / f"{position}-s{seed}" / "series.json").write_text(f'{{"arm": "{position}"}}')
             evaluate_run(runs / f"{position}-s{seed}", [16, 64], 600, progress=False)

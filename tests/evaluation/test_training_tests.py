@@ -1,4 +1,4 @@
-"""Tests during training (train.test_interval, lengthgen.evaluation.during_training): what they write to
+"""Tests during training (tests.interval, lengthgen.evaluation.during_training): what they write to
 metrics.jsonl, that they agree with the evaluator, that they leave training untouched, and the
 config errors they raise."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from lengthgen.runtime.checkpoint import latest
 from lengthgen.training.trainer import train
 
 TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_layer=1", "model.n_head=2",
-        "train.batch_size=16", "train.steps=120", "train.lr=3e-3", "train.device=cpu", "train.curriculum_start=2",
-        "train.curriculum_interval=30", "train.log_interval=50", "train.checkpoint_interval=120"]
+        "train.batch_size=16", "train.steps=120", "optim.lr=3e-3", "train.device=cpu", "data.curriculum_start=2",
+        "data.curriculum_interval=30", "train.log_interval=50", "train.checkpoint_interval=120"]
 
 
 def run(folder, *extra: str, method: str = "looped"):
@@ -30,8 +30,8 @@ def run(folder, *extra: str, method: str = "looped"):
 @pytest.fixture(scope="module")
 def tested(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tested")
-    rows = run(folder, "train.test_interval=40", "train.test_lengths=6,8", "train.test_samples=256",
-               'train.test_stops=["oracle", "confidence:+4"]')
+    rows = run(folder, "tests.interval=40", "tests.lengths=6,8", "tests.samples=256",
+               'tests.stops=["oracle", "confidence:+4"]')
     return folder, rows
 
 
@@ -68,22 +68,22 @@ def test_a_run_that_tests_trains_the_same_weights(tested, tmp_path):
 @pytest.mark.slow
 def test_tests_follow_learning(tmp_path):
     """The tests measure the model as it learns: the first one, early in training, is below the last."""
-    rows = run(tmp_path / "r", "train.test_interval=15", "train.steps=300", "train.checkpoint_interval=300",
-               "train.curriculum_start=0")
+    rows = run(tmp_path / "r", "tests.interval=15", "train.steps=300", "train.checkpoint_interval=300",
+               "data.curriculum_start=0")
     curve = [r["test@max"] for r in rows if "test@max" in r]
     assert len(curve) == 20 and curve[-1] >= curve[0] + 0.1, curve
 
 
 def test_ntp_runs_test_without_stop_rules(tmp_path):
-    """A method without stop rules ignores train.test_stops (a grid's ntp arm on a looped preset)."""
-    rows = run(tmp_path / "ntp", "train.test_interval=60", "train.test_lengths=5", 'train.test_stops=["oracle"]',
+    """A method without stop rules ignores tests.stops (a grid's ntp arm on a looped preset)."""
+    rows = run(tmp_path / "ntp", "tests.interval=60", "tests.lengths=5", 'tests.stops=["oracle"]',
                method="ntp")
     assert [sorted(k for k in r if k.startswith("test@")) for r in rows if "test@max" in r] == [["test@5", "test@max"]] * 2
 
 
 def test_test_offset_moves_the_tests_as_the_released_code(tmp_path):
-    """test_offset 1: after steps 1, 41, 81 (the released i % 1000 == 0 comes after update i + 1), and the last."""
-    rows = run(tmp_path / "r", "train.test_interval=40", "train.test_offset=1")
+    """tests.offset 1: after steps 1, 41, 81 (the released i % 1000 == 0 comes after update i + 1), and the last."""
+    rows = run(tmp_path / "r", "tests.interval=40", "tests.offset=1")
     assert [r["step"] for r in rows if "test@max" in r] == [1, 41, 81, 120]
 
 
@@ -92,8 +92,8 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
     """Multiplication tested with the short factor fixed at 2 bits, as the released tests: the
     last test equals the evaluator on that task option, not on the training one."""
     folder = tmp_path / "mult"
-    cfg = assembly.load(None, ["method=looped", *TINY, "task.name=multiplication", "train.test_interval=60",
-                              "train.test_lengths=5", "train.test_samples=256", "train.test_options={min_a_bits = 2}"])
+    cfg = assembly.load(None, ["method=looped", *TINY, "task.name=multiplication", "tests.interval=60",
+                              "tests.lengths=5", "tests.samples=256", "tests.options={min_a_bits = 2}"])
     train(cfg, folder, progress=False, hooks=training_tests)
     last = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
     got = evaluate_run(folder, [5], samples=256, sweep={"min_a_bits": [1, 2]}, progress=False)
@@ -103,15 +103,15 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["train.test_interval=40", "train.test_offset=40"], "train.test_offset must be in 0..train.test_interval - 1"),
-    (["train.test_options={max_a_bits = 2}"], "train.test_options"),
-    (["task.name=multiplication", "train.test_options={min_a_bits = 3}"], "train.test_options: multiplication: min_a_bits"),
-    (["train.test_interval=-1"], "train.test_interval must be >= 0"),
-    (["train.test_samples=0"], "train.test_samples must be >= 1"),
-    (["train.test_lengths=abc"], "train.test_lengths"),
-    (["train.test_lengths=0"], "train.test_lengths"),
-    (['train.test_stops=["sometimes"]'], "train.test_stops: stop rule 'sometimes'"),
-    (['train.test_stops=["halt"]'], "train.test_stops: stop rule halt reads a halting head"),
+    (["tests.interval=40", "tests.offset=40"], "tests.offset must be in 0..tests.interval - 1"),
+    (["tests.options={max_a_bits = 2}"], "tests.options"),
+    (["task.name=multiplication", "tests.options={min_a_bits = 3}"], "tests.options: multiplication: min_a_bits"),
+    (["tests.interval=-1"], "tests.interval must be >= 0"),
+    (["tests.samples=0"], "tests.samples must be >= 1"),
+    (["tests.lengths=abc"], "tests.lengths"),
+    (["tests.lengths=0"], "tests.lengths"),
+    (['tests.stops=["sometimes"]'], "tests.stops: stop rule 'sometimes'"),
+    (['tests.stops=["halt"]'], "tests.stops: stop rule halt reads a halting head"),
 ])
 def test_bad_test_settings_are_refused_in_one_line(extra, needle):
     with pytest.raises(ConfigError) as err:

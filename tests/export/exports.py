@@ -13,12 +13,12 @@ from lengthgen.export.export import export_run
 from lengthgen.training.trainer import train
 
 BASE = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
-        "train.batch_size=8", "train.log_interval=5", "train.device=cpu", "train.steps=3", "train.lr=1e-2",
+        "train.batch_size=8", "train.log_interval=5", "train.device=cpu", "train.steps=3", "optim.lr=1e-2",
         "train.checkpoint_interval=100", "eval.lengths=2,4", "eval.samples=8", "model.max_positions=64"]
 LOOPED = ["method=looped", "model.init=torch"]
 PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", "task.train_min=1",
-       "model.position=learned", "model.max_positions=16", "train.position_transform=random_offset",
-       "train.position_transform_options={max_position=15, keep_zero=true}"]
+       "model.position=learned", "model.max_positions=16", "data.position_transform=random_offset",
+       "data.position_transform_options={max_position=15, keep_zero=true}"]
 
 
 def trained(root: Path, name: str, *overrides: str) -> Path:

@@ -281,9 +281,9 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     weights = {}
     for name in ("looped", "looped-halt-probe"):
         cfg = assembly.load(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
-                                  "model.d_model=32", "model.n_head=2", "train.steps=12", "train.grad_clip=0.05",
-                                  "train.curriculum_start=2", "train.curriculum_interval=3", "train.device=cpu",
-                                  "train.length_sampling=per_sample", "train.checkpoint_interval=12"])
+                                  "model.d_model=32", "model.n_head=2", "train.steps=12", "optim.grad_clip=0.05",
+                                  "data.curriculum_start=2", "data.curriculum_interval=3", "train.device=cpu",
+                                  "data.length_sampling=per_sample", "train.checkpoint_interval=12"])
         train(cfg, tmp_path / name, progress=False)
         weights[name] = load_file(next((tmp_path / name).glob("checkpoints/*/model.safetensors")))
     plain, probed = weights["looped"], weights["looped-halt-probe"]
@@ -298,7 +298,7 @@ def test_probe_is_fitted_in_the_ema_weights_too(tmp_path):
     from safetensors.torch import load_file
     from lengthgen.training.trainer import train
     cfg = assembly.load(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
-                              "model.d_model=16", "model.n_head=2", "train.steps=2", "train.ema=0.9", "train.device=cpu"])
+                              "model.d_model=16", "model.n_head=2", "train.steps=2", "optim.ema=0.9", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     for name in ("model", "ema"):
         weights = load_file(next((tmp_path / "run").glob(f"checkpoints/*/{name}.safetensors")))

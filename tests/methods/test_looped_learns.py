@@ -13,9 +13,9 @@ def train_tiny_parity(folder, method, steps, warmup):
     from lengthgen.training.trainer import train
     cfg = assembly.load(None, [
         f"method={method}", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
-        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "train.lr=1e-3",
-        "train.batch_size=32", f"train.warmup_steps={warmup}", "train.curriculum_start=2",
-        "train.curriculum_interval=40", f"train.log_interval={steps // 2}", f"train.checkpoint_interval={steps}",
+        "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "optim.lr=1e-3",
+        "train.batch_size=32", f"optim.warmup_steps={warmup}", "data.curriculum_start=2",
+        "data.curriculum_interval=40", f"train.log_interval={steps // 2}", f"train.checkpoint_interval={steps}",
         "train.device=cpu"])
     train(cfg, folder, progress=False)
     _, task, method, model, _ = load_run(folder, torch.device("cpu"))
@@ -58,8 +58,8 @@ def probe_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("probe") / "run"
     train(assembly.load(None, [
         "method=looped-halt-probe", "task.name=parity", "task.train_max=8", "model.n_layer=1", "model.d_model=64",
-        "model.n_head=4", "train.steps=1500", "train.lr=1e-3", "train.batch_size=32", "train.warmup_steps=50",
-        "train.curriculum_start=2", "train.curriculum_interval=40", "train.log_interval=500",
+        "model.n_head=4", "train.steps=1500", "optim.lr=1e-3", "train.batch_size=32", "optim.warmup_steps=50",
+        "data.curriculum_start=2", "data.curriculum_interval=40", "train.log_interval=500",
         "train.checkpoint_interval=1500", "train.device=cpu"]), folder, progress=False)
     _, task, method, model, _ = load_run(folder, torch.device("cpu"))
     return task, method, model

@@ -17,9 +17,9 @@ from lengthgen.training.trainer import train
 
 PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", "task.train_min=1",
        "task.train_max=4", "model.position=learned", "model.max_positions=16", "model.d_model=32",
-       "model.n_layer=1", "model.n_head=4", "model.init=torch", "train.position_transform=random_offset",
-       "train.position_transform_options={max_position=15, keep_zero=true}", "train.device=cpu",
-       "train.batch_size=32", "train.lr=3e-3", "train.log_interval=50", "eval.lengths=2,4"]
+       "model.n_layer=1", "model.n_head=4", "model.init=torch", "data.position_transform=random_offset",
+       "data.position_transform_options={max_position=15, keep_zero=true}", "train.device=cpu",
+       "train.batch_size=32", "optim.lr=3e-3", "train.log_interval=50", "eval.lengths=2,4"]
 
 
 def model_and_batch(weight: float = 1.0):
@@ -60,7 +60,7 @@ def test_generated_tokens_take_the_predicted_ids():
 
 @pytest.mark.parametrize("overrides, message", [
     (["task.options.coupled=false"], "does not supply"),
-    (["train.position_transform=pose", "train.position_transform_options={target_length=16}"], "random_offset"),
+    (["data.position_transform=pose", "data.position_transform_options={target_length=16}"], "random_offset"),
     (["model.position=alibi"], "KV cache"),
     (["model.position=rope"], "model.position rope never shows the model"),
     (["model.max_positions=12"], "model.max_positions (12)"),

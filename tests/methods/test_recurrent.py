@@ -202,7 +202,7 @@ def test_the_model_reads_the_authors_tape_and_never_an_answer_token(name):
 
 
 @pytest.mark.parametrize("sets, key", [(["model.position=rope"], "model.position"),
-                                       (["train.position_transform=randomized"], "train.position_transform"),
+                                       (["data.position_transform=randomized"], "data.position_transform"),
                                        (["task.name=flipflop"], "flipflop")])
 def test_a_recurrent_method_refuses_positions_and_tasks_without_an_answer_region(sets, key):
     with pytest.raises(ConfigError, match=key):

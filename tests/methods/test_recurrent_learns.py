@@ -14,8 +14,8 @@ def trained(folder, method, task, train_max, d_model, steps, lr):
     from lengthgen.training.trainer import train
     cfg = assembly.load(None, [
         f"method={method}", f"task.name={task}", f"task.train_max={train_max}", f"model.d_model={d_model}",
-        f"train.steps={steps}", f"train.lr={lr}", "train.batch_size=32", "train.weight_decay=0",
-        "train.schedule=constant", f"train.log_interval={steps}", f"train.checkpoint_interval={steps}",
+        f"train.steps={steps}", f"optim.lr={lr}", "train.batch_size=32", "optim.weight_decay=0",
+        "optim.schedule=constant", f"train.log_interval={steps}", f"train.checkpoint_interval={steps}",
         "train.device=cpu"])
     train(cfg, folder, progress=False)
     _, task, method, model, _ = load_run(folder, torch.device("cpu"))

@@ -21,14 +21,14 @@ from lengthgen.training.trainer import train
 pytestmark = pytest.mark.slow  # each compilation takes seconds
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "train.steps=8",
-        "train.log_interval=1", "train.checkpoint_interval=100", "train.device=cpu", "train.lr=3e-3",
+        "train.log_interval=1", "train.checkpoint_interval=100", "train.device=cpu", "optim.lr=3e-3",
         "eval.samples=32"]
 PATHS = {
     "looped": ["method=looped", "task.name=parity", "task.train_max=4", "eval.lengths=2,4"],
     "ntp": ["task.name=copy", "task.train_max=4", "eval.lengths=2,4"],
     "ppc": ["method=ppc", "task.name=unique_set", "task.options={symbols=8, coupled=true}", "task.train_max=4",
-            "model.position=learned", "model.max_positions=24", "train.position_transform=random_offset",
-            "train.position_transform_options={max_position=16, keep_zero=true}", "eval.lengths=2,4"],
+            "model.position=learned", "model.max_positions=24", "data.position_transform=random_offset",
+            "data.position_transform_options={max_position=16, keep_zero=true}", "eval.lengths=2,4"],
 }
 
 

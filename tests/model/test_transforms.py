@@ -99,8 +99,8 @@ def test_none_leaves_the_batch_and_its_random_stream_alone():
                                                          ("randomized", "{max_position = 40}", 39)])
 def test_training_with_a_transform_fills_the_table_it_was_sized_for(tmp_path, transform, options, largest):
     sets = ["task.name=copy", "task.train_max=6", "model.d_model=16", "model.n_layer=1", "model.n_head=2",
-            "model.position=learned", f"train.position_transform={transform}",
-            f"train.position_transform_options={options}", "train.steps=6", "train.batch_size=16",
+            "model.position=learned", f"data.position_transform={transform}",
+            f"data.position_transform_options={options}", "train.steps=6", "train.batch_size=16",
             "train.device=cpu", "train.log_interval=3"]
     cfg = assembly.load(None, sets + [f"model.max_positions={largest + 1}"])
     run = assembly.assembled(cfg)  # random_offset's max_position is an ID; the others' a count
@@ -153,8 +153,8 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     from lengthgen.results.rows import read_rows
 
     cfg = assembly.load("experiments/tra/cpu/copy_symbols.toml", [
-        "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "train.position_transform=randomized",
-        "train.position_transform_options.max_position=256", "train.checkpoint_interval=600", "train.device=cpu"])
+        "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "data.position_transform=randomized",
+        "data.position_transform_options.max_position=256", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     assert main(["eval", str(tmp_path / "run"), "--lengths", "4", "--samples", "256", "--no-progress"]) == 0
     (row,) = read_rows(tmp_path / "run" / "eval.csv")
@@ -173,7 +173,7 @@ def test_position_draws_need_a_transform_that_draws_at_evaluation():
     with pytest.raises(ConfigError, match="position_draws"):
         assembly.load(None, ["eval.position_draws=3"])
     with pytest.raises(ConfigError, match="position_draws"):
-        assembly.load(None, ["eval.position_draws=0", "train.position_transform=randomized",
-                            "train.position_transform_options.max_position=64", "model.position=sinusoidal"])
-    assembly.load(None, ["eval.position_draws=3", "train.position_transform=randomized",
-                        "train.position_transform_options.max_position=64", "model.position=sinusoidal"])
+        assembly.load(None, ["eval.position_draws=0", "data.position_transform=randomized",
+                            "data.position_transform_options.max_position=64", "model.position=sinusoidal"])
+    assembly.load(None, ["eval.position_draws=3", "data.position_transform=randomized",
+                        "data.position_transform_options.max_position=64", "model.position=sinusoidal"])

@@ -31,8 +31,8 @@ SPEC = {"kind": "levels", "metric": "accuracy", "groups": {"R": ["parity", "even
 def test_cells_are_the_best_run_then_the_mean_of_the_best_series():
     rows = (rows_of("parity", "a", {0: [0.5, 0.7], 1: [0.9, 0.9]})  # seed scores 0.6, 0.9
             + rows_of("parity", "b", {0: [0.2, 0.2]})
-            + rows_of("dup", "a", {0: [1.0, 0.8], 1: [0.4, 0.4]}, **{"train.lr": 0.001})  # 0.9, 0.4: mean 0.65
-            + rows_of("dup", "a", {0: [0.7, 0.7], 1: [0.7, 0.7]}, **{"train.lr": 0.0003}))  # 0.7, 0.7: mean 0.7
+            + rows_of("dup", "a", {0: [1.0, 0.8], 1: [0.4, 0.4]}, **{"optim.lr": 0.001})  # 0.9, 0.4: mean 0.65
+            + rows_of("dup", "a", {0: [0.7, 0.7], 1: [0.7, 0.7]}, **{"optim.lr": 0.0003}))  # 0.7, 0.7: mean 0.7
     text = "\n".join(section(SPEC, rows))
     assert "| R | Parity | 90.0 (75.0 ± 15.0, 2) | 20.0 (20.0, 1) | 90.0 (75.0 ± 15.0, 2) |" in text
     # the best run over every lr (0.9); the brackets: the lr with the best mean (0.7, no spread)

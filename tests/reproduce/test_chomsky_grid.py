@@ -44,22 +44,22 @@ def test_the_suite_is_listed_with_its_fifteen_tasks_and_every_arm():
 def test_every_transformer_arm_is_their_encoder_under_their_protocol(scale):
     for job in jobs(scale, TRANSFORMER):
         cfg = from_data(job.config)
-        m, tr = cfg.model, cfg.train
+        m, op, d = cfg.model, cfg.optim, cfg.data
         assert (cfg.method, m.causal, m.d_model, m.n_layer, m.n_head, m.mlp_ratio) == ("encoder", False, 64, 5, 8, 4)
         assert (m.mlp, m.residual, m.dropout, m.qkv_bias) == ("relu", "post-norm", 0.1, False)
-        assert (cfg.task.train_min, cfg.task.train_max, tr.length_sampling) == (1, 40, "per_batch")
-        assert (tr.weight_decay, tr.grad_clip, tr.schedule, tr.betas) == (0.0, 1.0, "constant", [0.9, 0.999])
+        assert (cfg.task.train_min, cfg.task.train_max, d.length_sampling) == (1, 40, "per_batch")
+        assert (op.weight_decay, op.grad_clip, op.schedule, op.betas) == (0.0, 1.0, "constant", [0.9, 0.999])
         assert min(parse_lengths(cfg.eval.lengths)) == 41
         randomized = job.arm.startswith("rand-")
-        assert (tr.position_transform == "randomized") == randomized
+        assert (d.position_transform == "randomized") == randomized
         if randomized:  # Ruoss et al.: IDs from 0..2047, drawn at evaluation too
-            assert tr.position_transform_options == {"max_position": 2048}
+            assert d.position_transform_options == {"max_position": 2048}
 
 
 def test_the_paper_scale_is_their_budget_and_learning_rate_grid():
     planned = jobs("paper", ["sin"])
     assert GRID.at("paper").data["seeds"] == 10
-    assert sorted({from_data(j.config).train.lr for j in planned}) == [1e-4, 3e-4, 5e-4]
+    assert sorted({from_data(j.config).optim.lr for j in planned}) == [1e-4, 3e-4, 5e-4]
     for job in planned:
         cfg = from_data(job.config)
         assert (cfg.train.steps, cfg.train.batch_size, cfg.eval.samples) == (1_000_000, 128, 512)

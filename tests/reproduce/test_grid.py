@@ -183,8 +183,8 @@ def test_every_learned_table_that_reads_given_ids_starts_at_an_init_that_trains(
 def test_a_learned_table_reading_given_ids_defaults_to_n01_unless_set_and_a_saved_run_keeps_its_init(tmp_path):
     preset = grids.find("sparsity").preset("cpu", "addition_mixed")  # its table, 0..L-1 unless coupled
     assert load(preset).model.position_options == {}  # positions 0..L-1: GPT-2's init stays
-    coupled = ["task.options.coupled=true", "train.position_transform=random_offset",
-               "train.position_transform_options.max_position=40", "train.position_transform_options.keep_zero=true"]
+    coupled = ["task.options.coupled=true", "data.position_transform=random_offset",
+               "data.position_transform_options.max_position=40", "data.position_transform_options.keep_zero=true"]
     assert load(preset, coupled).model.position_options == {"std": GIVEN_IDS_TABLE_STD}
     assert load(preset, ["method=ppc"] + coupled).model.position_options == {"std": GIVEN_IDS_TABLE_STD}
     assert load(preset, coupled + ["model.position_options.std=0.02"]).model.position_options == {"std": 0.02}

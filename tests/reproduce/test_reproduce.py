@@ -79,7 +79,7 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
                                                           "parity-ntp-s0", "parity-ntp-s1"]
     assert jobs[0].stops == ["oracle", "confidence", "confidence-per-sample"] and jobs[0].per_step
     assert jobs[2].stops == [] and not jobs[2].per_step
-    assert "train.model_seed=1" in jobs[1].overrides and "train.data_seed=1" in jobs[1].overrides
+    assert "train.model_seed=1" in jobs[1].overrides and "data.seed=1" in jobs[1].overrides
     assert jobs[0].threads == max(1, (os.cpu_count() or 1) // 2)
     # labels: the arm, and the config keys that differ between the task's runs over every declared arm
     assert jobs[0].labels == {"arm": "looped", "model.n_layer": 1} and jobs[2].labels == {"arm": "ntp", "model.n_layer": 2}
@@ -95,7 +95,7 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
 @pytest.mark.slow
 def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    betas = "train.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
+    betas = "optim.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
     with pytest.raises(RunsFailed, match=r"2 of 4 runs failed") as failed:  # exit code 1, the report still written
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
                      out=out, workers=2, samples=8, progress=False, extra=[betas])
@@ -130,8 +130,8 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkey
     # another config into the same folder is refused and reported, the finished run is kept
     with pytest.raises(RunsFailed, match=r"every run failed \(1\)"):
         rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
-                     workers=1, progress=False, extra=["train.lr=0.01"])
-    assert "another config (train.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
+                     workers=1, progress=False, extra=["optim.lr=0.01"])
+    assert "another config (optim.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
 
 
@@ -169,7 +169,7 @@ def no_runs(monkeypatch):
     (["--workers", "0"], "--seeds and --workers must be >= 1"),
     (["--threads", "-1"], "--threads >= 0"),
     (["--set", "train.model_seed=7"], "use --seeds"),
-    (["--set", "train.data_seed=7"], "use --seeds"),
+    (["--set", "data.seed=7"], "use --seeds"),
     (["--set", " train.threads = 1"], "use --threads"),
     (["--set", "train={model_seed=5, threads=3}"], "use --seeds"),
 ], ids=["no-task", "no-arm", "samples", "seeds", "workers", "threads", "model-seed", "data-seed", "threads-set",

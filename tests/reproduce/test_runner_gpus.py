@@ -28,8 +28,8 @@ def test_workers_take_the_gpus_in_turn(monkeypatch):
 
 class FakeJob:
     def __init__(self, device, method="looped", capture=True, shards=1):
-        self.cfg = type("Cfg", (), {"method": method, "train": type("Train", (), {
-            "device": device, "capture": capture, "data_shards": shards})})()
+        self.cfg = type("Cfg", (), {"method": method, "train": type("Train", (), {"device": device, "capture": capture}),
+                                    "data": type("Data", (), {"shards": shards})})()
 
     def loaded(self):
         return self.cfg

@@ -21,7 +21,7 @@ seeds = 2
 set = {"model.position" = "rope", "eval.dependence" = true}
 multiply = {"task.train_min" = 4, "task.train_max" = 4, "train.batch_size" = 0.25}
 [arms.pose]
-set = {"model.position" = "rope", "train.position_transform" = "pose", "train.position_transform_options.target_length" = 16}
+set = {"model.position" = "rope", "data.position_transform" = "pose", "data.position_transform_options.target_length" = 16}
 [arms.nope]
 set = {"model.position" = "nope"}
 [report]
@@ -189,10 +189,10 @@ def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_th
     long = configs[("long", 0)]
     L = short.task.train_max
     assert long.task.train_max == 4 * L and long.train.batch_size * 4 == short.train.batch_size  # same tokens
-    assert short.train.position_transform_options["target_length"] == 4 * L
+    assert short.data.position_transform_options["target_length"] == 4 * L
     assert long.eval.dependence and not short.eval.dependence
     assert short.eval.token_contexts == long.eval.token_contexts == [L, 2 * L, 4 * L]
-    assert configs[("nope", 2)].model.position == "nope" and configs[("rope", 1)].train.position_transform == "none"
+    assert configs[("nope", 2)].model.position == "nope" and configs[("rope", 1)].data.position_transform == "none"
 
 
 def test_the_paper_presets_load_on_local_copies_with_the_seeds_optimiser(tmp_path, monkeypatch):
@@ -223,8 +223,8 @@ def test_the_paper_presets_load_on_local_copies_with_the_seeds_optimiser(tmp_pat
     for name, path in (("text", tmp_path / "wikitext"), ("c4", tmp_path / "c4")):
         cfg = assembly.load(f"experiments/sparsity-lm/paper/{name}.toml",
                            [f"task.options.path={path}", "task.options.vocab_size=600"])
-        tr = cfg.train
-        assert (tr.lr, tr.weight_decay, tr.schedule, tr.warmup_steps) == (5e-5, 0.1, "linear", 300)
+        op = cfg.optim
+        assert (op.lr, op.weight_decay, op.schedule, op.warmup_steps) == (5e-5, 0.1, "linear", 300)
         L = cfg.task.train_max
         assert cfg.eval.token_contexts == [L, 2 * L, 4 * L] and cfg.model.position == "rope"
         assert cfg.task.options["source"] == {"text": "wikitext-103", "c4": "c4"}[name]

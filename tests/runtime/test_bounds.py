@@ -146,12 +146,12 @@ def test_a_ray_address_is_checked_and_reached_with_a_timeout(tmp_path, capsys, a
     ("task.train_max=20000", "lower task.train_max, train.batch_size or model.n_head"),  # attention dominates
     ("model.n_layer=1000000", "lower model.n_layer or model.d_model"),
     ("model.max_positions=1000000000", "lower model.max_positions"),
-    ("train.test_samples=1000000000", "lower train.test_samples"),
+    ("tests.samples=1000000000", "lower tests.samples"),
     ("eval.samples=1000000000", "lower eval.samples"),
 ])
 def test_the_train_bound_counts_attention_and_names_what_dominates(tmp_path, capsys, machine, setting, needle):
     extra = ["--set=model.position=learned"] if "max_positions" in setting else []
-    extra += ["--set=train.test_interval=5"] if "test_samples" in setting else []
+    extra += ["--set=tests.interval=5"] if "tests.samples" in setting else []
     line = refused(["train", *[f"--set={s}" for s in TINY], *extra, f"--set={setting}",
                     "--out", str(tmp_path / "run"), "--no-progress"], capsys, 1)
     assert needle in line and "this run needs at least" in line and not (tmp_path / "run").exists()
@@ -161,8 +161,8 @@ def test_the_train_bound_counts_attention_and_names_what_dominates(tmp_path, cap
 
 def test_a_finite_training_set_past_memory_names_dataset_size(tmp_path, capsys, machine):
     line = refused(["train", *[f"--set={s}" for s in TINY], "--set=task.train_min=100", "--set=task.train_max=100",
-                    "--set=train.dataset_size=100000000", "--out", str(tmp_path / "run"), "--no-progress"], capsys, 1)
-    assert "lower train.dataset_size" in line
+                    "--set=data.dataset_size=100000000", "--out", str(tmp_path / "run"), "--no-progress"], capsys, 1)
+    assert "lower data.dataset_size" in line
 
 
 def accuracy(folder) -> dict:

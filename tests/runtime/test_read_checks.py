@@ -96,7 +96,7 @@ def test_runs_differing_only_in_data_seed_are_two_seeds(tmp_path):
     for data_seed in (0, 1):
         folder = tmp_path / f"d{data_seed}"
         folder.mkdir()
-        cfg = assembly.load(None, ["task.name=parity", "task.train_max=4", f"train.data_seed={data_seed}"])
+        cfg = assembly.load(None, ["task.name=parity", "task.train_max=4", f"data.seed={data_seed}"])
         (folder / "config.toml").write_text(to_toml(cfg))
         write_csv(folder / "eval.csv", [{"run": folder.name, "task": "parity", "method": "ntp", "position": "nope",
                                          "stop": "", "seed": 0, "length": n, "n": 64, "accuracy": 0.25 + data_seed / 2,

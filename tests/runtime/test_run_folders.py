@@ -87,7 +87,7 @@ ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "n": 6
 def write_run(folder, seed, accuracy, *sets: str):
     folder.mkdir(parents=True)
     cfg = assembly.load(None, ["task.name=parity", "task.train_max=4", f"train.model_seed={seed}",
-                              f"train.data_seed={seed}", *sets])
+                              f"data.seed={seed}", *sets])
     (folder / "config.toml").write_text(to_toml(cfg))
     write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "seed": seed, "length": n, "accuracy": accuracy}
                                     for n in (2, 4, 8)], COLUMNS)
@@ -95,11 +95,11 @@ def write_run(folder, seed, accuracy, *sets: str):
 
 @pytest.mark.parametrize("seeds", [(1, 0), (0, 0)])
 def test_report_never_averages_two_learning_rates_as_seeds(tmp_path, seeds):
-    write_run(tmp_path / "a", seeds[0], 0.0, "train.lr=0.01", "train.steps=20")
-    write_run(tmp_path / "b", seeds[1], 0.266, "train.lr=0.001", "train.steps=600")
+    write_run(tmp_path / "a", seeds[0], 0.0, "optim.lr=0.01", "train.steps=20")
+    write_run(tmp_path / "b", seeds[1], 0.266, "optim.lr=0.001", "train.steps=600")
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out")]) == 0
     rows = read_rows(tmp_path / "out" / "results.csv")
-    assert {(r["train.lr"], r["train.steps"]) for r in rows} == {("0.01", "20"), ("0.001", "600")}
+    assert {(r["optim.lr"], r["train.steps"]) for r in rows} == {("0.01", "20"), ("0.001", "600")}
     report = (tmp_path / "out" / "report.md").read_text()
     assert "(2)" not in report and "0.133" not in report  # never one series of both
     assert "lr=0.01" in report and "lr=0.001" in report

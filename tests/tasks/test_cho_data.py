@@ -164,9 +164,9 @@ def test_bad_task_options_are_one_line_errors(override, words):
 
 
 def test_the_independent_law_refuses_one_length_per_batch():
-    with pytest.raises(ConfigError, match="train.length_sampling"):
+    with pytest.raises(ConfigError, match="data.length_sampling"):
         assembly.load(None, ["task.name=decimal_addition", "task.options.operands=independent",
-                            "train.length_sampling=per_batch"])
+                            "data.length_sampling=per_batch"])
 
 
 def test_rendering_drops_the_bos():

@@ -95,7 +95,7 @@ def test_longer_problems_are_refused(name):
     assert assembly.load(None, sets).task.options == {"index_hints": True}
     for extra, key in ((["task.train_max=52"], "task.train_max includes 52"),
                        (["eval.lengths=1:60"], "eval.lengths includes 60"),
-                       (["train.test_interval=10", "train.test_lengths=30,52"], "train.test_lengths includes 52")):
+                       (["tests.interval=10", "tests.lengths=30,52"], "tests.lengths includes 52")):
         with pytest.raises(ConfigError, match=key) as err:
             assembly.load(None, sets + extra)
         assert "\n" not in str(err.value) and "index_hints" in str(err.value)

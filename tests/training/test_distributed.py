@@ -25,7 +25,7 @@ from lengthgen.training.trainer import draw_batches, sample_batch, train
 # which would hide the scale of the gradients (the Adam moments below compare it)
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "model.dropout=0.1", "task.name=copy",
         "task.train_max=4", "train.batch_size=8", "train.log_interval=5", "train.device=cpu", "train.threads=1",
-        "train.ema=0.9", "train.grad_clip=0"]
+        "optim.ema=0.9", "optim.grad_clip=0"]
 
 
 def torchrun(*args: str, nproc: int = 2) -> list[str]:
@@ -60,7 +60,7 @@ def assert_same_training(a: Path, b: Path, step: int) -> None:
 def test_two_processes_train_what_one_process_trains_on_the_same_two_shards(tmp_path, one_thread):
     sets = TINY + ["train.steps=20", "train.checkpoint_interval=10"]
     run(torchrun("train", *(f"--set={s}" for s in sets), "--out", str(tmp_path / "ddp"), "--no-progress"))
-    train(assembly.load(None, sets + ["train.data_shards=2"]), tmp_path / "one", progress=False)
+    train(assembly.load(None, sets + ["data.shards=2"]), tmp_path / "one", progress=False)
     train(assembly.load(None, sets), tmp_path / "one-stream", progress=False)
 
     assert_same_training(tmp_path / "ddp", tmp_path / "one", 20)
@@ -68,7 +68,7 @@ def test_two_processes_train_what_one_process_trains_on_the_same_two_shards(tmp_
     ddp, _ = weights(tmp_path / "ddp", 20)
     assert not all(torch.allclose(ddp[k], other[k], atol=1e-4) for k in ddp)
     # one config.toml recording the two shards; one metrics line per log step, the mean loss of both
-    assert assembly.load(tmp_path / "ddp" / "config.toml").train.data_shards == 2
+    assert assembly.load(tmp_path / "ddp" / "config.toml").data.shards == 2
     rows = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
             for run in ("ddp", "one")]
     assert [r["step"] for r in rows[0]] == [5, 10, 15, 20]
@@ -95,15 +95,15 @@ def test_killed_data_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path,
     saved = int(pointer.read_text().split("_")[1])
     assert 50 <= saved < 300, "the run finished before it could be killed; make it longer"
     run(torchrun("train", "--resume", "--out", str(killed), "--no-progress"))
-    train(assembly.load(None, sets + ["train.data_shards=2"]), tmp_path / "whole", progress=False)
+    train(assembly.load(None, sets + ["data.shards=2"]), tmp_path / "whole", progress=False)
     assert_same_training(killed, tmp_path / "whole", 300)
     steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(5, 301, 5))  # lines after the checkpoint dropped, none logged twice
 
 
 def test_one_shard_is_the_stream_of_a_run_before_shards_existed():
-    cfg = assembly.load(None, TINY + ["train.position_transform=random_offset",
-                                     "train.position_transform_options.max_position=64"])
+    cfg = assembly.load(None, TINY + ["data.position_transform=random_offset",
+                                     "data.position_transform_options.max_position=64"])
     task, transform = get_task("copy"), build_transform("random_offset", {"max_position": 64})
     (batch,) = draw_batches(cfg, task, transform, 0, 4, torch.Generator().manual_seed(0), range(1))
     old = torch.Generator().manual_seed(0)  # what the trainer drew before: sample, then transform, from one stream
@@ -112,7 +112,7 @@ def test_one_shard_is_the_stream_of_a_run_before_shards_existed():
 
 
 def test_a_shard_depends_on_the_seed_the_shard_and_the_step_only():
-    cfg = assembly.load(None, TINY + ["train.data_shards=4", "train.data_seed=3"])
+    cfg = assembly.load(None, TINY + ["data.shards=4", "data.seed=3"])
     task, none = get_task("copy"), build_transform("none", {})
     every = draw_batches(cfg, task, none, 7, 4, None, range(4))
     assert [len(b) for b in every] == [2, 2, 2, 2]
@@ -128,12 +128,12 @@ def test_a_shard_depends_on_the_seed_the_shard_and_the_step_only():
 
 def test_shards_must_split_among_the_processes(capsys):
     one = assembly.load(None, TINY)
-    assert Ranks(rank=0, world=2).sharded(one, resume=False).train.data_shards == 2  # one shard per process
-    assert "train.data_shards set to 2" in capsys.readouterr().out
-    assert one.train.data_shards == 1  # the caller's config is not changed
-    with pytest.raises(UserError, match=r"train.data_shards \(1\) must be a multiple of the 2 processes"):
+    assert Ranks(rank=0, world=2).sharded(one, resume=False).data.shards == 2  # one shard per process
+    assert "data.shards set to 2" in capsys.readouterr().out
+    assert one.data.shards == 1  # the caller's config is not changed
+    with pytest.raises(UserError, match=r"data.shards \(1\) must be a multiple of the 2 processes"):
         Ranks(rank=0, world=2).sharded(one, resume=True)  # a resumed run keeps its data stream
-    with pytest.raises(UserError, match=r"train.data_shards \(2\) must be a multiple of the 4 processes"):
-        Ranks(rank=0, world=4).sharded(assembly.load(None, TINY + ["train.data_shards=2"]), resume=False)
+    with pytest.raises(UserError, match=r"data.shards \(2\) must be a multiple of the 4 processes"):
+        Ranks(rank=0, world=4).sharded(assembly.load(None, TINY + ["data.shards=2"]), resume=False)
     with pytest.raises(UserError, match="divide train.batch_size"):
-        assembly.load(None, TINY + ["train.data_shards=3"])
+        assembly.load(None, TINY + ["data.shards=3"])

@@ -1,4 +1,4 @@
-"""A finite training set (train.dataset_size): drawn once, each sample read exactly once per
+"""A finite training set (data.dataset_size): drawn once, each sample read exactly once per
 epoch in a fresh order, the same batches after a resume."""
 from __future__ import annotations
 
@@ -60,9 +60,9 @@ def test_the_set_follows_the_tasks_law():
 def tiny(*extra):
     return assembly.load(None, ["task.name=decimal_addition", "task.train_max=4", "task.options.coupled=true",
                                "model.position=learned", "model.max_positions=16", "model.d_model=16",
-                               "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "train.dataset_size=20",
-                               "train.position_transform=random_offset",
-                               "train.position_transform_options={max_position=12, keep_zero=true}",
+                               "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "data.dataset_size=20",
+                               "data.position_transform=random_offset",
+                               "data.position_transform_options={max_position=12, keep_zero=true}",
                                "train.steps=12", "train.checkpoint_interval=6", "train.log_interval=3",
                                "train.device=cpu", *extra])
 
@@ -70,7 +70,7 @@ def tiny(*extra):
 def test_a_resumed_run_reads_the_same_batches(tmp_path, monkeypatch):
     """A copy of the run as it stood after step 6 (mid-epoch: 4 steps an epoch, the last of 6
     samples), resumed: the weights at step 12 equal the uninterrupted run's, bit for bit."""
-    cfg = tiny("train.dataset_size=30", "train.batch_size=8")
+    cfg = tiny("data.dataset_size=30", "train.batch_size=8")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     save = checkpoint.save
 
@@ -89,20 +89,20 @@ def test_a_resumed_run_reads_the_same_batches(tmp_path, monkeypatch):
     b = load_file(cut / "checkpoints" / "step_00000012" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     fresh = tmp_path / "fresh"
-    train(tiny("train.dataset_size=0", "train.batch_size=8"), fresh, progress=False)
+    train(tiny("data.dataset_size=0", "train.batch_size=8"), fresh, progress=False)
     c = load_file(fresh / "checkpoints" / "step_00000012" / "model.safetensors")
     assert not all(torch.equal(a[k], c[k]) for k in a)  # a finite set is not the fresh stream
 
 
 def test_no_set_by_default():
-    assert training_set(tiny("train.dataset_size=0"), get_task("decimal_addition")) is None
+    assert training_set(tiny("data.dataset_size=0"), get_task("decimal_addition")) is None
 
 
 @pytest.mark.parametrize("override, words", [
-    ("train.dataset_size=-1", ["train.dataset_size", "0.."]),
-    ("train.curriculum_start=2", ["train.dataset_size", "curriculum"]),
-    ("train.length_sampling=per_batch", ["train.dataset_size", "per_sample"]),
-    ("train.data_shards=2", ["train.dataset_size", "train.data_shards"]),
+    ("data.dataset_size=-1", ["data.dataset_size", "0.."]),
+    ("data.curriculum_start=2", ["data.dataset_size", "curriculum"]),
+    ("data.length_sampling=per_batch", ["data.dataset_size", "per_sample"]),
+    ("data.shards=2", ["data.dataset_size", "data.shards"]),
 ])
 def test_bad_settings_are_one_line_errors(override, words):
     with pytest.raises(ConfigError) as err:

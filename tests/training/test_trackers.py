@@ -155,7 +155,7 @@ def test_log_to_is_checked_and_changes_no_result(tmp_path):
     # where a run logs is not what it computes: a reproduction does not take it for another config
     (tmp_path / "config.toml").write_text(to_toml(tiny()))
     assert config_difference(tmp_path, tiny('train.log_to=["jsonl", "wandb"]')) is None
-    assert "train.lr" in config_difference(tmp_path, tiny("train.lr=0.1"))
+    assert "optim.lr" in config_difference(tmp_path, tiny("optim.lr=0.1"))
 
 
 def test_cli_refuses_a_missing_tracker_in_one_line(tmp_path, trackers_missing, capsys):

@@ -33,7 +33,7 @@ def tiny(*extra: str):
 def test_tiny_run_learns_copy(tmp_path):
     """A small RoPE decoder must copy perfectly at its training lengths."""
     cfg = assembly.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
-                             "model.position=rope", "train.steps=600", "train.lr=0.002", "train.warmup_steps=50",
+                             "model.position=rope", "train.steps=600", "optim.lr=0.002", "optim.warmup_steps=50",
                              "train.log_interval=100", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     _, task, method, model, step = load_run(tmp_path / "run")
@@ -46,25 +46,25 @@ def test_tiny_run_learns_copy(tmp_path):
 
 
 def test_curriculum_and_schedules():
-    cfg = tiny("task.train_max=10", "train.curriculum_start=2", "train.curriculum_interval=100",
-               "train.steps=2000", "train.schedule=curriculum_cosine", "train.lr=0.01")
+    cfg = tiny("task.train_max=10", "data.curriculum_start=2", "data.curriculum_interval=100",
+               "train.steps=2000", "optim.schedule=curriculum_cosine", "optim.lr=0.01")
     assert [curriculum_max(cfg, s) for s in (0, 99, 100, 250, 800, 5000)] == [2, 2, 3, 4, 10, 10]
     assert curriculum_end(cfg) == 800
     assert learning_rate(cfg, 0) == learning_rate(cfg, 799) == 0.01  # constant until the curriculum ends
     assert learning_rate(cfg, 1400) == pytest.approx(0.005)  # halfway through the decay
     assert learning_rate(cfg, 2000) == pytest.approx(0.0)
-    cos = tiny("train.steps=1000", "train.warmup_steps=100", "train.lr=0.01", "train.min_lr_ratio=0.1")
+    cos = tiny("train.steps=1000", "optim.warmup_steps=100", "optim.lr=0.01", "optim.min_lr_ratio=0.1")
     assert learning_rate(cos, 0) == pytest.approx(1e-4)
     assert learning_rate(cos, 99) == pytest.approx(0.01)
     assert learning_rate(cos, 550) == pytest.approx(0.0055)
     assert learning_rate(cos, 1000) == pytest.approx(0.001)
-    line = tiny("train.steps=1000", "train.warmup_steps=100", "train.lr=0.01", "train.schedule=linear")
+    line = tiny("train.steps=1000", "optim.warmup_steps=100", "optim.lr=0.01", "optim.schedule=linear")
     assert learning_rate(line, 99) == pytest.approx(0.01)
     assert learning_rate(line, 325) == pytest.approx(0.0075)  # a quarter of the way down
     assert learning_rate(line, 1000) == pytest.approx(0.0)
     assert curriculum_max(tiny(), 0) == 4  # no curriculum: the maximum from the start
-    late = tiny("task.train_max=10", "train.curriculum_start=2", "train.curriculum_interval=100",
-                "train.steps=2000", "train.schedule=curriculum_cosine", "train.lr=0.01", "train.cosine_start=1000")
+    late = tiny("task.train_max=10", "data.curriculum_start=2", "data.curriculum_interval=100",
+                "train.steps=2000", "optim.schedule=curriculum_cosine", "optim.lr=0.01", "optim.cosine_start=1000")
     assert learning_rate(late, 999) == learning_rate(late, 1000) == 0.01  # held past the curriculum's end
     assert learning_rate(late, 1500) == pytest.approx(0.005)
 
@@ -117,7 +117,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 
 
 def test_ema_weights_follow_the_recursion(tmp_path):
-    cfg = tiny("train.steps=1", "train.ema=0.9", "train.lr=0.05")
+    cfg = tiny("train.steps=1", "optim.ema=0.9", "optim.lr=0.05")
     torch.manual_seed(cfg.train.model_seed)
     init = NextTokenPrediction().build_model(cfg, get_task("copy")).state_dict()
     train(cfg, tmp_path / "run", progress=False)
@@ -129,11 +129,11 @@ def test_ema_weights_follow_the_recursion(tmp_path):
 
 
 def test_ema_start_restarts_the_ema_from_the_weights_then(tmp_path):
-    """train.ema_start = 3: the EMA is the weights after step 3, then follows the recursion (the
+    """optim.ema_start = 3: the EMA is the weights after step 3, then follows the recursion (the
     released code's restart at the curriculum's end). Run A stops at step 3 with the same data
     and constant rate, so its weights are B's at step 3."""
-    a = tiny("train.steps=3", "train.lr=0.05", "train.schedule=constant")
-    b = tiny("train.steps=4", "train.lr=0.05", "train.schedule=constant", "train.ema=0.9", "train.ema_start=3")
+    a = tiny("train.steps=3", "optim.lr=0.05", "optim.schedule=constant")
+    b = tiny("train.steps=4", "optim.lr=0.05", "optim.schedule=constant", "optim.ema=0.9", "optim.ema_start=3")
     train(a, tmp_path / "a", progress=False)
     train(b, tmp_path / "b", progress=False)
     at3 = load_file(tmp_path / "a" / "checkpoints" / "step_00000003" / "model.safetensors")
@@ -142,8 +142,8 @@ def test_ema_start_restarts_the_ema_from_the_weights_then(tmp_path):
     for name in new:
         assert torch.allclose(ema[name], 0.9 * at3[name] + 0.1 * new[name], atol=1e-6), name
     assert any(not torch.equal(at3[k], new[k]) for k in new)
-    with pytest.raises(ConfigError, match="train.ema_start must be in 0..train.steps - 1"):
-        tiny("train.steps=4", "train.ema_start=4")
+    with pytest.raises(ConfigError, match="optim.ema_start must be in 0..train.steps - 1"):
+        tiny("train.steps=4", "optim.ema_start=4")
 
 
 def _cli(*args: str) -> list[str]:
@@ -245,14 +245,14 @@ def test_a_run_state_saved_and_restored_continues_exactly(tmp_path):
     data stream and step."""
     from lengthgen.training.run_state import RunState
 
-    cfg = tiny("train.steps=4", "train.ema=0.9")
+    cfg = tiny("train.steps=4", "optim.ema=0.9")
     task, method = get_task("copy"), NextTokenPrediction()
     state = RunState.start(cfg, method, task, torch.device("cpu"))
     batch = task.sample(8, 3, state.data)
     loss = method.loss(state.model, batch)
     loss.backward()
     state.optimizer.step()
-    state.update_ema(cfg.train)
+    state.update_ema(cfg.optim)
     state.step = 1
     state.save(tmp_path, cfg)
     fresh = RunState.start(cfg, method, task, torch.device("cpu"))
