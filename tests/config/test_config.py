@@ -280,7 +280,8 @@ OLD_TRAIN = {"steps": 7, "batch_size": 16, "lr": 0.002, "betas": [0.9, 0.95], "s
 def test_a_train_table_of_an_earlier_version_splits_into_its_sections(tmp_path):
     """Until 2026-11-27 [train] held the optimiser, the data stream and the tests: a preset or saved
     config of that layout loads with each key in its table, renamed where the table names it."""
-    from lengthgen.config.schema import TRAIN_SPLIT, from_data
+    from lengthgen.config.schema import from_data
+    from lengthgen.config.upgrade import TRAIN_SPLIT
     preset = tmp_path / "old.toml"
     preset.write_text("[train]\n" + "".join(f"{k} = {config.toml_value(v)}\n" for k, v in OLD_TRAIN.items()))
     for cfg in (config.read(preset), from_data({"train": OLD_TRAIN})):
