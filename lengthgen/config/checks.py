@@ -64,7 +64,7 @@ def validate(cfg: Config) -> Config:
     check_model(cfg.model)
     check_train(cfg.train)
     check_optim(cfg.optim, cfg.train.steps)
-    check_schedule(cfg)
+    check_schedule(cfg.optim)
     check_data(cfg.data, cfg.task, cfg.train.batch_size)
     check_run_settings(cfg.train)
     check_eval(cfg.eval)
@@ -116,9 +116,8 @@ def check_optim(op: OptimConfig, steps: int) -> None:
     check(0 <= op.ema_start < max(steps, 1), f"optim.ema_start must be in 0..train.steps - 1 ({steps - 1}), got {op.ema_start}")
 
 
-def check_schedule(cfg: Config) -> None:
-    """The learning-rate schedule and the settings it reads (curriculum_cosine reads the curriculum's too)."""
-    op = cfg.optim
+def check_schedule(op: OptimConfig) -> None:
+    """The learning-rate schedule and the settings it reads."""
     check_choice("optim.schedule", op.schedule, SCHEDULES)
     check(op.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {op.warmup_steps}")
     check(0 <= op.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {op.min_lr_ratio}")
