@@ -13,11 +13,14 @@ Prints, measured in one run on one device (ratios are meaningful; absolute times
    relative difference of their losses over the steps, and of the final weights.
 4. Several runs per GPU: P processes each training the Parity step at once; steps per second of
    all of them over one process's.
-5. TRA, CoPE and FoX against RoPE on the TRA paper's flip-flop preset
+5. Seeds stacked (lengthgen.training.stacked): S seeds of the Parity and Addition presets trained
+   as one model, captured on CUDA: ms per stacked step and per run, against one run's step; and
+   each seed's losses against its own run's over the same batches.
+6. TRA, CoPE and FoX against RoPE on the TRA paper's flip-flop preset
    (experiments/tra/paper/flipflop.toml): ms per step and the ratio to RoPE's, eager and
    captured (their attention fused on CUDA: lengthgen.model.content_attention.fused).
 
-    python benchmarks/gpu.py [--device cuda] [--steps 30] [--procs 1,4] [--authors .authors] [--json FILE]
+    python benchmarks/gpu.py [--device cuda] [--steps 30] [--procs 1,4] [--stack 3] [--authors .authors] [--json FILE]
     python benchmarks/gpu.py --device cpu     # small shapes, eager only: keeps the script alive in CI
 
 At most about 6 minutes on one H100 or H200 (compiling takes most of it; --no-compile skips it).
@@ -42,6 +45,7 @@ from lengthgen.model.compiling import compile_blocks  # noqa: E402
 from lengthgen.runtime.devices import pick_device  # noqa: E402
 from lengthgen.training.captured import CapturedSteps  # noqa: E402
 from lengthgen.training.run_state import RunState  # noqa: E402
+from lengthgen.training.stacked import StackedSteps  # noqa: E402
 from lengthgen.training.trainer import backward, sample_batch, update  # noqa: E402
 
 LOOPED = {"parity": ROOT / "experiments/looped/paper/parity.toml",
@@ -85,6 +89,40 @@ class Stepper:
         loss = backward(lambda b: self.run.method.loss(state.model, b), [batch], self.run.cfg, 0, range(1), self.device)
         update(state.optimizer, state.model, op.lr, op.grad_clip)
         return loss
+
+
+class StackedStepper:
+    """`seeds` seeds of one run trained stacked (captured on CUDA); each seed draws its own batch."""
+
+    def __init__(self, run, device: torch.device, seeds: int):
+        self.alone = [Stepper(run, device, False, False, seed=s) for s in range(seeds)]
+        self.steps = StackedSteps(run.method, [a.state for a in self.alone], run.cfg.optim.grad_clip,
+                                  run.cfg.train.precision, device, device.type == "cuda")
+        self.lr = run.cfg.optim.lr
+
+    def __call__(self, batches=None) -> torch.Tensor:
+        return self.steps(batches or [a.batch() for a in self.alone], self.lr)
+
+
+def stacked_rows(task: str, device: torch.device, seeds: int, args) -> dict:
+    """ms per stacked step of `seeds` seeds and per run, one run's step (captured on CUDA) beside
+    it, and each seed's losses against its own run's over the same batches."""
+    run, cuda = load(LOOPED[task], device, SMALL), device.type == "cuda"
+    row = {"seeds": seeds, "one": ms_per_step(Stepper(run, device, cuda, False), device, args.steps, args.warmup)}
+    row["stacked"] = ms_per_step(StackedStepper(run, device, seeds), device, args.steps, args.warmup)
+    row["per_run"] = row["stacked"] / seeds
+    stacked, alone = StackedStepper(run, device, seeds), [Stepper(run, device, cuda, False, seed=s) for s in range(seeds)]
+    worst = 0.0
+    for _ in range(10):
+        batches = [a.batch() for a in stacked.alone]
+        together = stacked(batches)
+        for i, (one, batch) in enumerate(zip(alone, batches)):
+            own = float(one(batch))
+            worst = max(worst, abs(float(together[i]) - own) / max(abs(own), 1e-12))
+    row["loss_rel"] = worst
+    print(f"  {task}: {seeds} seeds stacked {row['stacked']:.1f} ms/step ({row['per_run']:.1f} per run), one run "
+          f"{row['one']:.1f} ms; losses within {worst:.1e} of each run's own", flush=True)
+    return row
 
 
 def sync(device: torch.device) -> None:
@@ -267,6 +305,10 @@ def table(results: dict, device_name: str) -> str:
         for procs, rate in results["several"].items():
             lines.append(f"{procs} Parity run(s) at once: {rate:.0f} steps/s together"
                          + (f", {rate / one:.2f}x one run" if one else ""))
+    for task, row in results.get("stacked", {}).items():
+        lines.append(f"{task}: {row['seeds']} seeds stacked {row['stacked']:.1f} ms a step, {row['per_run']:.1f} ms per run "
+                     f"({row['one'] / row['per_run']:.2f}x one run's {row['one']:.1f} ms); each seed's losses within "
+                     f"{row['loss_rel']:.1e} of its own run's")
     content = results.get("content", {})
     for name, ms in content.items():
         base = content.get("rope captured" if name.endswith("captured") else "rope")
@@ -282,6 +324,7 @@ def main() -> None:
     p.add_argument("--tasks", default="parity,addition")
     p.add_argument("--procs", default="1,4", help="process counts for several runs per GPU ('' skips)")
     p.add_argument("--seconds", type=float, default=8.0, help="how long each of several processes trains")
+    p.add_argument("--stack", type=int, default=3, help="seeds trained stacked (0 skips)")
     p.add_argument("--authors", help="folder holding looped-tf (benchmarks/authors_looped.py)")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled variants")
     p.add_argument("--no-content", action="store_true", help="skip TRA, CoPE and FoX against RoPE")
@@ -316,6 +359,12 @@ def main() -> None:
             print(f"  {procs} processes: {results['several'][procs]:.1f} steps/s together", flush=True)
         except Exception as err:
             print(f"  {procs} processes: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+    results["stacked"] = {}
+    for task in tasks if args.stack > 0 else []:
+        try:
+            results["stacked"][task] = stacked_rows(task, device, args.stack, args)
+        except Exception as err:
+            print(f"  {task} stacked: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
     if not args.no_content:
         results["content"] = content_rows(device, args)
     results["seconds"] = time.perf_counter() - started

@@ -194,7 +194,7 @@ def cmd_reproduce(args) -> None:
         path = reproduce(args.paper, args.scale, args.seeds, tasks, arms, Path(args.out) if args.out else None,
                          args.workers, args.samples, progress=not args.no_progress, extra=args.set,
                          threads=args.threads, backend=args.backend, address=args.address,
-                         gpus_per_job=args.gpus_per_job, axes=axes)
+                         gpus_per_job=args.gpus_per_job, axes=axes, stack_seeds=args.stack_seeds)
     except RunsFailed as err:  # the others' report first, then the one line that says the grid is incomplete
         if err.report is not None:
             print(err.report.read_text())
@@ -222,6 +222,8 @@ def check_reproduce_flags(args) -> None:
         raise UserError(f"--gpus-per-job must be a finite number >= 0, got {args.gpus_per_job}")
     if args.backend != "ray" and (args.address is not None or args.gpus_per_job is not None):
         raise UserError("--address and --gpus-per-job are options of --backend ray")
+    if args.backend == "ray" and args.stack_seeds:
+        raise UserError("--stack-seeds is an option of the local backend (Ray runs each seed as a task of its own)")
     if args.samples < 0:
         raise UserError(f"--samples must be >= 1 (or 0 for the presets' own), got {args.samples}")
     if args.samples > 0:  # each run's evaluation holds a length's test set whole: refused before any run trains
@@ -347,6 +349,9 @@ def add_reproduce_command(sub) -> None:
                     "(default: start a local Ray instance)")
     rp.add_argument("--gpus-per-job", type=float, default=None,
                     help="--backend ray: GPUs a run on CUDA asks for (default 1; 0.5 puts two runs on a GPU)")
+    rp.add_argument("--stack-seeds", action="store_true",
+                    help="train each configuration's seeds as one stacked model in one worker (methods whose "
+                         "steps can be recorded; same numbers; for GPUs, docs/cluster.md)")
     rp.add_argument("--threads", type=int, default=0,
                     help="torch threads per run, and the CPUs a CPU run asks Ray for "
                          "(default: the machine's cores shared among the workers)")

@@ -88,3 +88,5 @@ def test_the_gpu_benchmark_runs_on_cpu(tmp_path):
     assert set(results["several"]) == {"1", "2"} and all(rate > 0 for rate in results["several"].values())
     assert {"rope", "tra", "cope", "fox"} <= set(results["content"])
     assert "| parity |" in done.stdout and "x RoPE" in done.stdout
+    stacked = results["stacked"]["parity"]  # three seeds as one model: each seed's losses its own run's
+    assert stacked["seeds"] == 3 and stacked["stacked"] > 0 and stacked["loss_rel"] < 1e-4

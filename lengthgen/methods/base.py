@@ -37,7 +37,9 @@ class Method:
     from blank slots, never decodes, and no column of a row sees padding or another row's tokens;
     `capturable`: `fixed_shape_loss(model, batch, iterations)` is the loss with no host sync, of
     a batch padded to a fixed width and run `iterations(batch)` or more loop iterations, which
-    a CUDA graph can record (lengthgen.training.captured)."""
+    a CUDA graph can record (lengthgen.training.captured);
+    `stackable`: that loss also runs under torch.func.vmap, so seeds can train as one stacked
+    model (lengthgen.training.stacked)."""
 
     name = ""
     has_stop_rules = False
@@ -47,6 +49,7 @@ class Method:
     needs_answer_region = False
     needs_target_ids = False
     capturable = True
+    stackable = True  # torch's LSTM and RNN kernels have no vmap rule: the recurrent baselines set False
     bidirectional = False  # model.causal = false accepted (lengthgen.methods.encoder)
     metric_names: tuple[str, ...] = ()
 

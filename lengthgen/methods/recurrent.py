@@ -49,11 +49,13 @@ class RecurrentMethod(Method):
 class RNNMethod(RecurrentMethod):
     name = "rnn"
     model_class = RNN
+    stackable = False  # torch's fused RNN kernel has no vmap rule
 
 
 class LSTMMethod(RecurrentMethod):
     name = "lstm"
     model_class = LSTM
+    stackable = False  # torch's fused LSTM kernel has no vmap rule
 
 
 class StackRNNMethod(RecurrentMethod):

@@ -337,6 +337,10 @@ class CausalSelfAttention(nn.Module):
         elif dropout.p and dropout.on == "logits":
             y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout,
                                         self.causal)
+        elif scheme.has_bias and torch._C._functorch.is_functorch_wrapped_tensor(q):
+            # stacked seeds (vmap): SDPA's CPU kernel then refuses a gradient for its mask, the bias
+            logits = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5 + scheme.bias(position_ids)
+            y = dropout.weights(torch.softmax(logits + mask_of(self.causal)(T, q.device), -1)).to(v.dtype) @ v
         elif scheme.has_bias:
             mask = scheme.bias(position_ids) + mask_of(self.causal)(T, q.device)  # (B|1, H, T, T)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)

@@ -99,8 +99,10 @@ def library() -> ctypes.CDLL | None:
 
 def applies(q: Tensor, dropout_p: float = 0.0) -> bool:
     """Whether `attend` takes this call: fp32 on CPU, heads <= 8 wide, one thread, no dropout,
-    not traced by torch.compile (which cannot see inside a C call)."""
+    not traced by torch.compile nor batched by vmap (neither can see inside a C call)."""
     if torch.compiler.is_compiling():  # first: the checks below would break a traced graph
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(q):  # under vmap (stacked seeds): no data pointer to pass
         return False
     return (enabled and q.device.type == "cpu" and q.dtype == torch.float32 and q.shape[-1] <= MAX_HEAD_WIDTH
             and q.shape[2] > 0 and dropout_p == 0.0 and torch.get_num_threads() == 1 and library() is not None)

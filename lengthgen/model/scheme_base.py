@@ -25,6 +25,8 @@ def _check_table(position_ids: Tensor, max_positions: int, name: str) -> None:
     # and the step's first, eager run checked the shape's IDs.
     if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
         return
+    while torch._C._functorch.is_functorch_wrapped_tensor(position_ids):  # under vmap (stacked seeds): all at once
+        position_ids = torch._C._functorch.get_unwrapped(position_ids)
     hi, lo = int(position_ids.max()), int(position_ids.min())
     if hi >= max_positions or lo < 0:
         raise ValueError(

@@ -1,6 +1,6 @@
 """One run of a reproduction, as a worker runs it: train (or resume, or skip), then evaluate.
 
-`run_job` is what the local process pool (lengthgen.reproduce.runner) and Ray
+`run_job` (or, seeds stacked, `run_group`) is what the local process pool (lengthgen.reproduce.runner) and Ray
 (lengthgen.reproduce.ray_runner) run for each job; `already_done` lets the reproducing
 process skip a finished run without starting a worker. A worker process imports this
 module, not the runner: it loads what a run needs (torch, the trainer, the evaluator) and
@@ -24,6 +24,7 @@ from lengthgen.reproduce.grid import Job
 from lengthgen.results.rows import LABELS, read_per_step, read_rows, relabel
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.run_folders import unstarted
+from lengthgen.training.stacked import train_stacked
 from lengthgen.training.trainer import is_finished, train
 
 
@@ -78,6 +79,23 @@ def set_aside_if_unreadable(path: Path) -> None:
         print(f"note: {err}; moved it to {aside}", file=sys.stderr)
 
 
+def check_config(folder: Path, cfg) -> None:
+    difference = config_difference(folder, cfg)
+    if difference:
+        raise UserError(f"{folder} holds a run of another config ({difference}); "
+                        "use another --out or delete that folder")
+
+
+def resumable(folder: Path) -> bool:
+    """Whether an unfinished run continues from a checkpoint (else it starts afresh)."""
+    resume = folder.is_dir() and checkpoint.latest(folder) is not None
+    if not resume and not unstarted(folder):  # e.g. checkpoints pruned to save disk: keep its results
+        kept = ", ".join(sorted(p.name for p in folder.iterdir()))
+        raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
+                        "move or delete that folder to train the run again")
+    return resume
+
+
 def run_job(job: Job) -> dict:
     """Train (or resume, or skip) and evaluate one run; never raises."""
     folder = Path(job.folder)
@@ -85,21 +103,14 @@ def run_job(job: Job) -> dict:
     try:
         run = job.assembled()  # checked by plan: its parts built, once
         cfg = run.cfg
-        difference = config_difference(folder, cfg)
-        if difference:
-            raise UserError(f"{folder} holds a run of another config ({difference}); "
-                            "use another --out or delete that folder")
+        check_config(folder, cfg)
         settings, done = eval_settings(job, cfg.eval), folder / "eval.done"
         finished = is_finished(folder)
         skipped = finished and evaluation_current(folder, settings)
         if not skipped:
             torch.set_num_threads(job.threads)
         if not finished:
-            resume = folder.is_dir() and checkpoint.latest(folder) is not None
-            if not resume and not unstarted(folder):  # e.g. checkpoints pruned to save disk: keep its results
-                kept = ", ".join(sorted(p.name for p in folder.iterdir()))
-                raise UserError(f"{folder} has no checkpoint but holds {kept}; not overwriting it: "
-                                "move or delete that folder to train the run again")
+            resume = resumable(folder)
             train(run, folder, resume=resume, force=not resume, progress=False, hooks=training_tests)
         labels = folder / LABELS  # the row labels, written after training (which may start the folder afresh)
         if not labels.is_file() or json.loads(labels.read_text() or "null") != job.labels:
@@ -116,6 +127,35 @@ def run_job(job: Job) -> dict:
     except BaseException as err:  # report any failure of this run and let the others go on
         return {"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+
+
+def run_group(jobs: list[Job]) -> list[dict]:
+    """The seeds of one configuration (`reproduce --stack-seeds`): the unfinished ones trained as
+    one stacked model (lengthgen.training.stacked), then each evaluated by run_job; never raises."""
+    start = time.perf_counter()
+    try:
+        todo = [job for job in jobs if not is_finished(Path(job.folder))]
+        if len(todo) > 1:
+            runs = [job.assembled() for job in todo]
+            for job, run in zip(todo, runs):
+                check_config(Path(job.folder), run.cfg)
+            torch.set_num_threads(todo[0].threads)
+            train_stacked(runs, [Path(job.folder) for job in todo], [resumable(Path(job.folder)) for job in todo],
+                          force=True, progress=False, hooks=training_tests)
+    except BaseException as err:  # every seed of the group reports it; the other groups go on
+        return [{"folder": job.folder, "ok": False, "seconds": time.perf_counter() - start,
+                 "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()} for job in jobs]
+    return [run_job(job) for job in jobs]
+
+
+def seed_groups(jobs: list[Job]) -> list[list[Job]]:
+    """Jobs grouped by everything but their seeds, in planning order."""
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        cfg = {**job.config, "train": {k: v for k, v in job.config.get("train", {}).items() if k != "model_seed"},
+               "data": {k: v for k, v in job.config.get("data", {}).items() if k != "seed"}}
+        groups.setdefault(json.dumps([job.task, job.arm, job.labels, cfg], sort_keys=True, default=str), []).append(job)
+    return list(groups.values())
 
 
 def already_done(job: Job) -> bool:

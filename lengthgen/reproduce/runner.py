@@ -35,7 +35,7 @@ from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.report import DEFAULT_LAYOUT, figure_specs, write_report
 from lengthgen.reproduce import grid as grids
 from lengthgen.reproduce.grid import AtScale, Job
-from lengthgen.reproduce.jobs import already_done, run_job
+from lengthgen.reproduce.jobs import already_done, run_group, run_job, seed_groups
 from lengthgen.reproduce.ray_runner import run_on_ray
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX
 from lengthgen.runtime.devices import check_precision, pick_device
@@ -195,13 +195,14 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
               arms: list[str] | None = None, out: Path | None = None, workers: int | None = None,
               samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0,
               backend: str = "local", address: str | None = None, gpus_per_job: float | None = None,
-              axes: dict | None = None) -> Path:
+              axes: dict | None = None, stack_seeds: bool = False) -> Path:
     """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) at
     `scale` (default: cpu, or the grid's first scale) and write its report. `extra`: KEY=VALUE
     config overrides applied to every run (after the arm's). `backend`: "local" (a pool of
     `workers` processes) or "ray" (a task per run on the cluster at `address`, or on a local Ray
     instance; `gpus_per_job` GPUs each, see lengthgen.reproduce.ray_runner). `workers` None:
-    WORKERS_PER_GPU per GPU where the runs train on CUDA, else CPU_WORKERS. The command checks
+    WORKERS_PER_GPU per GPU where the runs train on CUDA, else CPU_WORKERS. `stack_seeds`: the seeds
+    of each configuration train as one stacked model in one worker (local backend). The command checks
     its flags before calling this (lengthgen.cli.check_reproduce_flags)."""
     chosen = workers or default_workers(machine_gpus() if backend == "local" else 0)
     plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads, axes)
@@ -226,7 +227,7 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         if todo and backend == "ray":
             results += run_on_ray(run_job, todo, plan.out, address, progress, gpus_per_job)
         elif todo:
-            results += run_all(todo, workers, progress, gpus)
+            results += run_all(todo, workers, progress, gpus, stack_seeds)
         results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
         return write_results(plan, results)
 
@@ -288,12 +289,13 @@ def running_jobs(futures: dict, pending: set, workers: int) -> list[Job]:
     """The jobs that are training now. The pool marks one job more than it has workers as
     running (it queues it ahead), and that job, the last one submitted, has not started: left
     in, a finished run being checked and skipped would show as running at its last step."""
-    return [job for future, job in futures.items() if future in pending and future.running()][:workers]
+    units = [unit for future, unit in futures.items() if future in pending and future.running()][:workers]
+    return [job for unit in units for job in (unit if isinstance(unit, list) else [unit])]  # a stacked group's every seed
 
 
-def run_all(jobs: list[Job], workers: int, progress: bool, gpus: int = 0) -> list[dict]:
-    """run_job for every job in `workers` processes (spread over `gpus` GPUs); the results in the
-    order they finish."""
+def run_all(jobs: list[Job], workers: int, progress: bool, gpus: int = 0, stack_seeds: bool = False) -> list[dict]:
+    """run_job for every job in `workers` processes (spread over `gpus` GPUs), or with
+    `stack_seeds` run_group for each configuration's seeds; the results in the order they finish."""
     results, start = [], time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no shared torch threads or state
     # Interrupted (Ctrl-C, or SIGTERM from a scheduler), the workers stop with this process:
@@ -303,17 +305,18 @@ def run_all(jobs: list[Job], workers: int, progress: bool, gpus: int = 0) -> lis
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
                                initargs=(os.getpid(), gpus, context.Value("i", 0)))
     try:
-        futures = {pool.submit(run_job, job): job for job in jobs}
+        units = seed_groups(jobs) if stack_seeds else jobs
+        futures = {pool.submit(run_group if stack_seeds else run_job, unit): unit for unit in units}
         pending = set(futures)
-        bar = tqdm(total=len(futures), desc="runs", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(total=len(jobs), desc="runs", disable=not progress, dynamic_ncols=True)
         while pending:  # every few seconds: the runs that finished, and where the running ones are
             finished, pending = wait(pending, timeout=LIVE_SECONDS, return_when=FIRST_COMPLETED)
             for fut in finished:
-                res = fut.result()
-                results.append(res)
-                bar.update(1)
-                if not res["ok"]:
-                    tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
+                for res in fut.result() if stack_seeds else [fut.result()]:
+                    results.append(res)
+                    bar.update(1)
+                    if not res["ok"]:
+                        tqdm.write(f"run {res['folder']} failed: {res['error']}", file=sys.stderr)
             if progress:
                 bar.set_postfix_str(live_status(running_jobs(futures, pending, workers)), refresh=True)
         bar.close()

@@ -23,6 +23,7 @@ recorded (2026-11-23) load unchecked, and state.json files written before their 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -92,6 +93,20 @@ def sha256(file: Path) -> str:
         raise UserError(f"checkpoint file {file} cannot be read: {err.strerror}") from None
 
 
+@contextlib.contextmanager
+def own_values(model):
+    """The model with every parameter holding its own values while it is written: a seed trained
+    stacked (lengthgen.training.stacked) has views of every seed's rows, which safetensors refuses."""
+    views = [(p, p.data) for p in model.parameters() if p.untyped_storage().nbytes() > p.nbytes]
+    for p, view in views:
+        p.data = view.clone()
+    try:
+        yield model
+    finally:
+        for p, view in views:
+            p.data = view
+
+
 def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int = 1) -> Path:
     """Write checkpoint `step` under folder/checkpoints and point `latest` at it."""
     root = folder / "checkpoints"
@@ -101,7 +116,8 @@ def save(folder: Path, step: int, model, optimizer, ema, state: dict, keep: int 
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
+        with own_values(model):
+            save_model(model, str(tmp / "model.safetensors"))
         if ema is not None:
             save_model(ema, str(tmp / "ema.safetensors"))
         # serialised in memory, written by Python: a full disk is then an OSError naming the file
@@ -266,7 +282,8 @@ def load_optimizer(optimizer, file: Path, digests: dict | None = None) -> None:
 
 def portable_state(optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's state dict as an eager run on any device reads it: lr a number, not
-    capturable, step counts on the CPU (a checkpoint written by a recorded run resumes anywhere)."""
+    capturable, step counts on the CPU (a checkpoint written by a recorded run resumes anywhere),
+    each tensor holding its own values only (lengthgen.training.stacked)."""
     saved = optimizer.state_dict()
     saved["state"] = {index: dict(slots) for index, slots in saved["state"].items()}  # not the live state's dicts
     for group in saved["param_groups"]:
@@ -277,6 +294,9 @@ def portable_state(optimizer: torch.optim.Optimizer) -> dict:
     for state in saved["state"].values():
         if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type != "cpu":
             state["step"] = state["step"].detach().to("cpu")
+        for name, value in state.items():  # a seed trained stacked holds views of every seed's rows: its own only
+            if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() > value.nbytes:
+                state[name] = value.clone()
     return saved
 
 

@@ -212,21 +212,27 @@ class Trainer:
 
     def step(self) -> tuple[float, int]:
         """One optimizer step; returns its learning rate and curriculum maximum."""
-        op, state = self.cfg.optim, self.state
-        high = curriculum_max(self.cfg, state.step)
-        batches = self.draw(high)
-        lr = learning_rate(self.cfg, state.step)
+        lr, high, batches = self.prepare()
         loss = self.replayed(batches, lr) if self.captured is not None else None
         if loss is None:
             loss = self.learn(batches)
-            update(state.optimizer, state.model, lr, op.grad_clip)
-        state.update_ema(op)
-        state.step += 1
+            update(self.state.optimizer, self.state.model, lr, self.cfg.optim.grad_clip)
+        self.account(loss, batches)
+        return lr, high
+
+    def prepare(self) -> tuple[float, int, list[Batch]]:
+        """The step's learning rate, curriculum maximum and batches."""
+        high = curriculum_max(self.cfg, self.state.step)
+        return learning_rate(self.cfg, self.state.step), high, self.draw(high)
+
+    def account(self, loss: torch.Tensor, batches: list[Batch]) -> None:
+        """After the update: the EMA, the step count, the loss and samples of the log window."""
+        self.state.update_ema(self.cfg.optim)
+        self.state.step += 1
         self.loss_sum += loss
         self.finite &= torch.isfinite(loss)
         self.window_steps += 1
         self.window_samples += sum(map(len, batches))
-        return lr, high
 
     def log_row(self, lr: float, high: int, hooked: list) -> dict:
         """The metrics.jsonl row of the steps since the last one (every process's losses and
@@ -256,38 +262,52 @@ class Trainer:
         return row
 
     def run(self, progress: bool = True) -> dict:
+        with self.session(progress) as after_step:
+            while self.state.step < self.cfg.train.steps:
+                after_step(*self.step())
+        self.ranks.barrier()  # every process returns once the last checkpoint is written
+        return {"step": self.state.step, "folder": str(self.folder), "device": str(self.device)}
+
+    @contextlib.contextmanager
+    def session(self, progress: bool = True, own_steps: bool = True):
+        """Yields `after_step(lr, high)` (logs, tests, checkpoints as due) with the log, trackers and
+        progress bar open; out of memory or disk becomes one line naming the checkpoint kept.
+        `own_steps` False: lengthgen.training.stacked takes the steps: nothing compiled or recorded."""
         cfg, tr, state, ranks, folder = self.cfg, self.cfg.train, self.state, self.ranks, self.folder
         state.model.train()
-        self.compiled = tr.compile and compile_blocks(state.model, self.device)  # in place: EMA and checkpoints see no change
-        self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
-        self.loss_of = ranks.wrap(self.method, state.model)
-        self.start_capture()
+        if own_steps:
+            self.compiled = tr.compile and compile_blocks(state.model, self.device)  # in place: EMA and checkpoints see no change
+            self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
+            self.loss_of = ranks.wrap(self.method, state.model)
+            self.start_capture()
         sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), state.step)
         bar = tqdm(total=tr.steps, initial=state.step, disable=not progress or not ranks.main, dynamic_ncols=True,
                    mininterval=1.0)
         shown_tests = {}  # the latest tests during training, kept on the progress bar between them
-        try:  # out of memory or disk: one line saying what to change and which checkpoint is kept
+
+        def after_step(lr: float, high: int) -> None:
+            step, last = state.step, state.step == tr.steps
+            if last:  # e.g. fit a probe on the trained model, in the weights that are tested
+                for trained in (state.model, state.ema) if state.ema is not None else (state.model,):
+                    self.method.finish(trained, cfg, self.task, self.device)
+            hooked = [hook for hook in self.hooks if hook.due(step, last)]
+            if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or hooked:
+                row = self.log_row(lr, high, hooked)
+                if ranks.main:
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                    sinks.log(row)
+                shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high,
+                                sps=f"{row['samples_per_s']:.0f}", **shown_tests)
+                if ranks.main and (step % tr.checkpoint_interval == 0 or last):
+                    state.save(folder, cfg)
+            bar.update(1)
+
+        try:
             with ((folder / METRICS_LOG).open("a") if ranks.main else contextlib.nullcontext()) as log, \
                     contextlib.closing(sinks):
-                while state.step < tr.steps:
-                    lr, high = self.step()
-                    step, last = state.step, state.step == tr.steps
-                    if last:  # e.g. fit a probe on the trained model, in the weights that are tested
-                        for trained in (state.model, state.ema) if state.ema is not None else (state.model,):
-                            self.method.finish(trained, cfg, self.task, self.device)
-                    hooked = [hook for hook in self.hooks if hook.due(step, last)]
-                    if step % tr.log_interval == 0 or step % tr.checkpoint_interval == 0 or last or hooked:
-                        row = self.log_row(lr, high, hooked)
-                        if ranks.main:
-                            log.write(json.dumps(row) + "\n")
-                            log.flush()
-                            sinks.log(row)
-                        shown_tests.update({k: f"{v:.3f}" for k, v in row.items() if k.startswith(PREFIX)})
-                        bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", len=high,
-                                        sps=f"{row['samples_per_s']:.0f}", **shown_tests)
-                        if ranks.main and (step % tr.checkpoint_interval == 0 or last):
-                            state.save(folder, cfg)
-                    bar.update(1)
+                yield after_step
         except (MemoryError, RuntimeError, OSError, TrainingDiverged) as err:
             bar.close()
             fault = resource_fault(err, cfg.train, folder, state.step) if not isinstance(err, TrainingDiverged) else None
@@ -295,8 +315,6 @@ class Trainer:
                 raise
             raise fault from None
         bar.close()
-        ranks.barrier()  # every process returns once the last checkpoint is written
-        return {"step": state.step, "folder": str(folder), "device": str(self.device)}
 
 
 def train(run: Run | Config | None, folder: Path, resume: bool = False, force: bool = False,
@@ -317,6 +335,11 @@ def train(run: Run | Config | None, folder: Path, resume: bool = False, force: b
 
 def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool, progress: bool, hooks=None) -> dict:
     """`train` under the run folder's lock."""
+    return trainer_for(run, folder, resume, force, hooks).run(progress)
+
+
+def trainer_for(run: Run | Config | None, folder: Path, resume: bool, force: bool, hooks=None) -> Trainer:
+    """The run's Trainer at its first step to take: the folder made (or resumed), the state built."""
     ranks = Ranks.from_env()
     restart = False
     if resume:  # the run's own config wins: the data stream and schedule depend on it
@@ -346,7 +369,7 @@ def train_held(run: Run | Config | None, folder: Path, resume: bool, force: bool
         (folder / "config.toml").write_text(to_toml(cfg))
         if hasattr(task, "save"):  # what the run read beyond its config (a trained tokenizer)
             task.save(folder)
-    return Trainer(run, folder, state, ranks, device, hooks(run, device) if hooks else []).run(progress)
+    return Trainer(run, folder, state, ranks, device, hooks(run, device) if hooks else [])
 
 
 def resource_fault(err: BaseException, tr: TrainConfig, folder: Path, step: int) -> ResourceError | None:

@@ -172,8 +172,9 @@ def no_runs(monkeypatch):
     (["--set", "data.seed=7"], "use --seeds"),
     (["--set", " train.threads = 1"], "use --threads"),
     (["--set", "train={model_seed=5, threads=3}"], "use --seeds"),
+    (["--stack-seeds", "--backend", "ray"], "--stack-seeds is an option of the local backend"),
 ], ids=["no-task", "no-arm", "samples", "seeds", "workers", "threads", "model-seed", "data-seed", "threads-set",
-        "inline-table"])
+        "inline-table", "stack-on-ray"])
 def test_bad_flags_are_refused_before_any_run(experiments, tmp_path, no_runs, capsys, flags, needle, monkeypatch):
     """The command checks its flags (lengthgen.cli.check_reproduce_flags) before a grid is planned."""
     monkeypatch.setattr(grids, "find", lambda *a: pytest.fail("a grid was read"))
@@ -353,3 +354,21 @@ def test_the_job_queued_ahead_of_a_free_worker_is_not_shown_as_running():
     done.set_result(None)
     pending = set(futures) - {done}
     assert running_jobs(futures, pending, workers=2) == ["first", "second"]
+
+
+def test_stacked_seeds_reproduce_the_runs_trained_one_by_one(experiments, tmp_path):
+    """--stack-seeds: each configuration's seeds train as one stacked model in one worker; the
+    runs' results are those of training them one by one (lengthgen.training.stacked)."""
+    apart, stacked = tmp_path / "apart", tmp_path / "stacked"
+    kw = dict(seeds=2, tasks=["parity"], arms=["looped", "ntp"], workers=1, samples=8, progress=False)
+    rp.reproduce("looped", "cpu", out=apart, **kw)
+    assert len(rp.seed_groups(plan(["parity"], ["looped", "ntp"], 2, stacked, 1))) == 2  # two arms, each two seeds
+    rp.reproduce("looped", "cpu", out=stacked, stack_seeds=True, **kw)
+    for name in ("parity-looped-s0", "parity-looped-s1", "parity-ntp-s0", "parity-ntp-s1"):
+        losses = [[json.loads(line)["loss"] for line in (out / "runs" / name / "metrics.jsonl").open()]
+                  for out in (apart, stacked)]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-4), name
+        last = [json.loads((out / "runs" / name / "metrics.jsonl").read_text().splitlines()[-1]) for out in (apart, stacked)]
+        assert "stacked_seeds" not in last[0] and last[1]["stacked_seeds"] == 2
+    rows = [{(r["run"], r["length"]): r["accuracy"] for r in read_rows(out / "results.csv")} for out in (apart, stacked)]
+    assert rows[0].keys() == rows[1].keys() and rows[0] == pytest.approx(rows[1], abs=0.13)  # one of 8 samples

@@ -1,0 +1,266 @@
+"""Several seeds of one configuration trained as one model (`reproduce --stack-seeds`,
+`train_stacked`): every weight stacked along a new first axis, a seed a row, and the step's loss
+each seed's own loss computed side by side under torch.func.vmap, so that each kernel does the
+work of S runs.
+
+Why: a looped step at paper scale is thousands of kernels each far too small to fill a GPU (a
+captured Parity step: 1,514 kernels of about 8 us, docs/benchmarks.md, "One GPU"). Stacked, a
+matmul or an attention call of S seeds is one kernel of S times the work at a fraction of S times
+the cost. On a CPU, which computes every row anyway, it does not pay (benchmarks/stacked.py).
+
+Same numbers: a seed's loss, gradients, clipping (by its own gradient norm) and AdamW update are
+its own run's to float rounding (tests/training/test_stacked.py): the gradient of a sum of
+independent losses is each loss's own, and AdamW is elementwise. Each seed keeps its own Trainer:
+its data stream, run folder, log, tests during training and checkpoints; its model's parameters
+and optimizer state are views of its row of the stack, so they always hold what it trained.
+The seeds' batches are padded to the widest of the step and looped methods run the most
+iterations any seed needs (Method.fixed_shape_loss, as a captured step): only methods whose
+steps can be recorded stack, and on CUDA with train.capture the stacked step is recorded too.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from lengthgen.config.schema import flat, to_dict
+from lengthgen.runtime.resources import is_out_of_memory
+from lengthgen.runtime.run_folders import run_lock
+from lengthgen.tasks import Batch
+from lengthgen.training.captured import CapturedSteps, bucket, capture_refusal, note, padded, shape_of
+from lengthgen.training.trainer import Trainer, check_is_folder, trainer_for
+
+
+class Stack(nn.Module):
+    """The models' parameters stacked, parameter i of shape (S, *shape_i); afterwards every model's
+    parameter is a view of its row (trained through the stack, read as before)."""
+
+    def __init__(self, models: list[nn.Module]):
+        super().__init__()
+        named = [list(m.named_parameters()) for m in models]
+        self.names = [f"model.{name}" for name, _ in named[0]]
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.stack([params[i][1].detach() for params in named]), requires_grad=p.requires_grad)
+            for i, (_, p) in enumerate(named[0]))
+        for row, params in enumerate(named):
+            for (_, p), stacked in zip(params, self.weights):
+                p.data = stacked.data[row]
+
+
+class SeedLoss(nn.Module):
+    """One seed's fixed-shape loss as a module call, which functional_call can give other weights."""
+
+    def __init__(self, method, model: nn.Module):
+        super().__init__()
+        self.method, self.model, self.iterations = method, model, 0
+
+    def forward(self, batch_fields: dict) -> Tensor:
+        return self.method.fixed_shape_loss(self.model, Batch(**batch_fields), self.iterations)
+
+
+def stacked_batch(batches: list[Batch], width: int) -> Batch:
+    """The seeds' batches padded to `width` columns, each field stacked: (S, B, ...)."""
+    grown = [padded(b, width) for b in batches]
+    return Batch(**{f.name: torch.stack([getattr(b, f.name) for b in grown])
+                    for f in fields(Batch) if getattr(batches[0], f.name) is not None})
+
+
+def stacked_optimizer(stack: Stack, optimizers: list[torch.optim.Optimizer], models: list[nn.Module]):
+    """One AdamW over the stack with the seeds' groups and settings, its state the seeds' states
+    stacked (zeros at step 0); each seed's optimizer then holds views of its rows."""
+    weight_of = {id(p): w for p, w in zip(models[0].parameters(), stack.weights)}
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [weight_of[id(p)] for p in group["params"]]}
+              for group in optimizers[0].param_groups]
+    stacked = type(optimizers[0])(groups)
+    seeds = [list(m.parameters()) for m in models]
+    for i, weight in enumerate(stack.weights):
+        states = [opt.state.get(params[i], {}) for opt, params in zip(optimizers, seeds)]
+        if not weight.requires_grad:
+            continue
+        if not states[0]:
+            stacked.state[weight] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(weight),
+                                     "exp_avg_sq": torch.zeros_like(weight)}
+            continue
+        stacked.state[weight] = {name: torch.stack([s[name] for s in states]) if value.dim() else value.clone()
+                                 for name, value in states[0].items()}
+    return stacked
+
+
+def share_state(stacked: torch.optim.Optimizer, stack: Stack, optimizers: list, models: list) -> None:
+    """Each seed's optimizer state as views of its rows of the stacked state (one step count)."""
+    for row, (opt, model) in enumerate(zip(optimizers, models)):
+        for p, weight in zip(model.parameters(), stack.weights):
+            if weight in stacked.state:
+                opt.state[p] = {name: value[row] if value.dim() else value
+                                for name, value in stacked.state[weight].items()}
+
+
+@torch.no_grad()
+def clip_rows(weights: list[Tensor], max_norm: float) -> None:
+    """clip_grad_norm_ for each seed on its own: its gradients scaled by max_norm / (its norm + 1e-6), at most 1."""
+    grads = [w.grad for w in weights if w.grad is not None]
+    norms = torch.stack([g.reshape(len(g), -1).norm(dim=1) for g in grads]).norm(dim=0)  # (S,)
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.view(-1, *(1,) * (g.dim() - 1)))
+
+
+class StackedSteps:
+    """The seeds' training steps as one: `__call__(batches, lr)` takes each seed's batch, does the
+    whole step (gradients, each seed's clipping, the update) and returns the (S,) losses."""
+
+    def __init__(self, method, states: list, grad_clip: float, precision: str, device: torch.device,
+                 capture: bool):
+        models, optimizers = [s.model for s in states], [s.optimizer for s in states]
+        self.method, self.grad_clip, self.precision, self.device = method, grad_clip, precision, device
+        self.stack = Stack(models)
+        self.optimizer = stacked_optimizer(self.stack, optimizers, models)
+        self.seed_optimizers = optimizers
+        self.loss_module = SeedLoss(method, models[0])
+        self.params = [w for w in self.stack.weights if w.requires_grad]
+        self.captured = StackedCaptured(self) if capture else None  # moves the step counts to the device first
+        share_state(self.optimizer, self.stack, optimizers, models)
+
+    def losses(self, batch: Batch, iterations: int) -> Tensor:
+        """(S,) each seed's fixed-shape loss, under vmap over the stack's rows and the batch's."""
+        self.loss_module.iterations = iterations
+
+        def one(weights, batch_fields):
+            return functional_call(self.loss_module, dict(zip(self.stack.names, weights)), (batch_fields,))
+
+        batch_fields = {f.name: getattr(batch, f.name) for f in fields(Batch) if getattr(batch, f.name) is not None}
+        with warnings.catch_warnings():  # CPU attention has no batching rule: vmap loops over the seeds
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            return vmap(one, randomness="different")(tuple(self.stack.weights), batch_fields)
+
+    def body(self, batch: Batch, iterations: int) -> Tensor:
+        """The whole step on a stacked batch: what a recorded graph holds."""
+        for w in self.params:
+            if w.grad is not None:
+                w.grad.zero_()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
+                            cache_enabled=False):
+            losses = self.losses(batch, iterations)
+        losses.sum().backward()
+        if self.grad_clip > 0:
+            clip_rows(self.params, self.grad_clip)
+        self.optimizer.step()
+        return losses.detach()
+
+    def __call__(self, batches: list[Batch], lr: float) -> Tensor:
+        for opt in self.seed_optimizers:  # what each seed's checkpoint says, as an unstacked run's
+            for group in opt.param_groups:
+                group["lr"] = lr
+        if self.captured is not None:
+            try:
+                return self.captured.stacked(batches, lr)
+            except Exception as err:
+                if is_out_of_memory(err):
+                    raise
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                note(f"recording the stacked step failed ({type(err).__name__}: {first})")
+                self.captured = None
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        width, iterations = step_shape(self.method, batches)
+        return self.body(stacked_batch(batches, width).to(self.device), iterations)
+
+
+def step_shape(method, batches: list[Batch]) -> tuple[int, int]:
+    """(width, loop count) that every seed's batch fits."""
+    shapes = [shape_of(method, b) for b in batches]
+    return max(s[0] for s in shapes), max(s[1] for s in shapes)
+
+
+class StackedCaptured(CapturedSteps):
+    """The stacked step recorded as CUDA graphs, one per shape bucket (lengthgen.training.captured)."""
+
+    def __init__(self, steps: StackedSteps):
+        super().__init__(steps.method, steps.stack, steps.optimizer, steps.grad_clip, steps.precision, steps.device)
+        self.steps = steps
+
+    def step_body(self, batch: Batch, iterations: int) -> Tensor:
+        return self.steps.body(batch, iterations)
+
+    def stacked(self, batches: list[Batch], lr: float) -> Tensor:
+        width, iterations = step_shape(self.method, batches)
+        layout = shape_of(self.method, batches[0])[2]
+        key, new = bucket(self.graphs, width, iterations, layout)
+        if new:
+            self.graphs[key] = self.record(stacked_batch(batches, key[0]).to(self.device), key[1])
+        self.lr.fill_(lr)
+        return self.graphs[key].replay(stacked_batch(batches, key[0]))
+
+
+
+class StackedNote:
+    """A hook that puts `stacked_seeds` (how many seeds trained as one) in every metrics row."""
+
+    def __init__(self, seeds: int, log_interval: int):
+        self.seeds, self.log_interval = seeds, log_interval
+
+    def due(self, step: int, last: bool) -> bool:
+        return step % self.log_interval == 0 or last
+
+    def __call__(self, weights, current_max) -> dict:
+        return {"stacked_seeds": self.seeds}
+
+
+SEED_KEYS = ("train.model_seed", "data.seed")  # what the stacked runs may differ in
+
+
+def stack_refusal(trainers: list[Trainer]) -> str | None:
+    """Why these runs cannot train stacked, or None."""
+    first = trainers[0]
+    reason = capture_refusal(first.method, first.ranks.world, first.cfg.data.shards)
+    if reason or not first.method.stackable:
+        return reason or f"method {first.method.name}'s loss cannot run under vmap"
+    config = flat(to_dict(first.cfg))
+    for t in trainers[1:]:
+        other = flat(to_dict(t.cfg))
+        differ = sorted(k for k in set(config) | set(other) if k not in SEED_KEYS and config.get(k) != other.get(k))
+        if differ:
+            return f"{first.folder} and {t.folder} differ in {differ[0]}, not only in their seeds"
+        if t.state.step != first.state.step:
+            return f"{first.folder} is at step {first.state.step}, {t.folder} at step {t.state.step}"
+    return None
+
+
+def train_stacked(runs: list, folders: list[Path], resume: list[bool], force: bool = False, progress: bool = True,
+                  hooks=None) -> list[dict]:
+    """Train runs that differ only in their seeds as one stacked model (each run resumed where
+    `resume` says); where they cannot be, with a one-line note, each on its own in turn.
+    Returns each run's summary, as `train` does."""
+    with contextlib.ExitStack() as held:
+        for folder in folders:
+            check_is_folder(Path(folder))
+            held.enter_context(run_lock(Path(folder)))
+        trainers = [trainer_for(run, Path(f), again, force, hooks) for run, f, again in zip(runs, folders, resume)]
+        reason = stack_refusal(trainers) if len(trainers) > 1 else "one run has nothing to stack with"
+        if reason:
+            print(f"lengthgen: note: the seeds train one after another, not stacked: {reason}", file=sys.stderr)
+            return [t.run(progress) for t in trainers]
+        first, tr = trainers[0], trainers[0].cfg.train
+        if tr.compile:
+            print("lengthgen: note: train.compile is off for stacked seeds (their step runs under vmap)",
+                  file=sys.stderr)
+        capture = tr.capture and first.device.type == "cuda"
+        steps = StackedSteps(first.method, [t.state for t in trainers], first.cfg.optim.grad_clip, tr.precision,
+                             first.device, capture)
+        for t in trainers:
+            t.hooks.append(StackedNote(len(trainers), tr.log_interval))
+        after = [held.enter_context(t.session(progress and i == 0, own_steps=False)) for i, t in enumerate(trainers)]
+        while first.state.step < tr.steps:
+            prepared = [t.prepare() for t in trainers]
+            losses = steps([batches[0] for _, _, batches in prepared], prepared[0][0])
+            for t, done, loss, (lr, high, batches) in zip(trainers, after, losses, prepared):
+                t.account(loss, batches)
+                done(lr, high)
+    return [{"step": t.state.step, "folder": str(t.folder), "device": str(t.device), "stacked": len(trainers)}
+            for t in trainers]
