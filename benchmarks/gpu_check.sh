@@ -7,8 +7,11 @@
 #   part "paper":  the looped Parity paper preset trained for SECONDS seconds (default 270), its
 #                  checkpoints kept (train --resume continues it), then evaluated at lengths 20 and
 #                  40 with the oracle stop
+#   part "hours":  a captured training step of every run of the looped, TRA and sparsity paper
+#                  grids (benchmarks/paper_hours.py --capture): the measured GPU hours of each grid,
+#                  SECONDS seconds a grid at most (default 100)
 #
-#     bash benchmarks/gpu_check.sh bench|paper|all [SECONDS]
+#     bash benchmarks/gpu_check.sh bench|paper|hours|all [SECONDS]
 set -u
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
@@ -52,4 +55,10 @@ if [ "$1" = paper ] || [ "$1" = all ]; then
   echo "train exit $?"; grep -v "it/s" "$run.err" | tail -3
   tail -2 "$run/metrics.jsonl"
   python3 -m lengthgen eval "$run" --lengths 20,40 --samples 1024 --no-progress 2>&1 | tail -6
+fi
+if [ "$1" = hours ]; then
+  for paper in looped tra sparsity; do
+    timeout "${2:-100}" python3 benchmarks/paper_hours.py "$paper" --device cuda --steps 5 --capture 2>&1 \
+      | tee "$OUT/hours-$paper.txt"
+  done
 fi

@@ -26,11 +26,13 @@ graph, one launch a call, so the launch bound is re-estimated from the kernels o
 compiled blocks plus one launch per compiled-block call ("launches with graphs"). Counted on
 this CPU, inductor fuses as it would for CUDA up to the backend's choices (C++ loops here,
 Triton there), so the counts are an estimate of a GPU's; --device cuda measures the real step.
---batch-fraction F measures a batch F times smaller and scales FLOPs and seconds by F (for
+--capture, on CUDA, times the step as training runs it there: replayed from CUDA graphs
+(train.capture, lengthgen.training.captured), for every method that can be recorded; the
+run's name then says "(captured)". --batch-fraction F measures a batch F times smaller and scales FLOPs and seconds by F (for
 paper-scale batches that do not fit this machine's memory; operators do not depend on it).
 
     python benchmarks/paper_hours.py looped [--scale paper] [--steps 2] [--device cpu] \
-        [--batch-fraction 1] [--tflops 100] [--launch-us 10] [--tasks parity,copy] [--arms looped] [--compile]
+        [--batch-fraction 1] [--tflops 100] [--launch-us 10] [--tasks parity,copy] [--arms looped] [--compile] [--capture]
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from lengthgen.assembly import assemble
 from lengthgen.model import compiling
 from lengthgen.reproduce import grid as grids
+from lengthgen.training.captured import CapturedSteps
 from lengthgen.training.distributed import MethodLoss
 from lengthgen.training.run_state import decay_params
 from lengthgen.training.trainer import backward, draw_batches
@@ -101,9 +104,11 @@ def kernel_counts(step) -> tuple[int, int]:
     return kernels, outside + graphs
 
 
-def step_cost(run, device: torch.device, fraction: int, steps: int, compile: bool = False) -> dict:
+def step_cost(run, device: torch.device, fraction: int, steps: int, compile: bool = False,
+              capture: bool = False) -> dict:
     """FLOPs, operators and seconds of one training step of the assembled `run` at its longest training lengths;
-    with `compile`, also its kernels eager and compiled, and launches with CUDA graphs."""
+    with `compile`, also its kernels eager and compiled, and launches with CUDA graphs; with
+    `capture` (CUDA), the seconds of the step replayed from CUDA graphs, as training times it."""
     cfg, task, method, transform = run.cfg, run.task, run.method, run.transform
     cfg.train.batch_size //= fraction
     cfg.data.shards = 1
@@ -134,12 +139,20 @@ def step_cost(run, device: torch.device, fraction: int, steps: int, compile: boo
         for step in range(3):  # compiles, then runs warm: the same batch shapes as counted
             one_step(0)
         cost["kernels compiled"], cost["launches"] = kernel_counts(lambda: one_step(0))
+    timed = one_step
+    if capture and device.type == "cuda" and method.capturable:  # as training runs it (train.capture)
+        recorded = CapturedSteps(method, model, optimizer, op.grad_clip, cfg.train.precision, device)
+
+        def timed(step: int) -> None:
+            recorded(draw_batches(cfg, task, transform, step, cfg.task.train_max, data, range(1))[0], op.lr)
+        timed(0)  # records the step's graph
+        cost["captured"] = True
     times = []
     for step in range(1, steps + 1):
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        one_step(step)
+        timed(step)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -160,6 +173,8 @@ def main() -> None:
     p.add_argument("--tflops", type=float, default=100.0,
                    help="assumed sustained GPU TFLOP/s (100: an A100's bf16 peak of 312 at about a third)")
     p.add_argument("--launch-us", type=float, default=10.0, help="assumed GPU microseconds per operator (eager mode)")
+    p.add_argument("--capture", action="store_true",
+                   help="on CUDA, time the step replayed from CUDA graphs (train.capture, as training runs it)")
     p.add_argument("--compile", action="store_true",
                    help="also count the kernels of a compiled step; GPU launches are then those with CUDA graphs")
     args = p.parse_args()
@@ -184,7 +199,7 @@ def main() -> None:
     for job in jobs:
         run = assemble(job.preset, job.overrides)
         steps, batch = run.cfg.train.steps, run.cfg.train.batch_size
-        cost = step_cost(run, device, args.batch_fraction, args.steps, args.compile)
+        cost = step_cost(run, device, args.batch_fraction, args.steps, args.compile, args.capture)
         flops, ops, seconds = cost["flops"], cost["ops"], cost["seconds"]
         launches = cost["launches"] if args.compile else ops
         runs = steps * seeds / 3600
@@ -192,7 +207,7 @@ def main() -> None:
                  launches * args.launch_us * 1e-6 * runs]
         hours.append(max(hours[1], hours[2]))
         totals = [t + h for t, h in zip(totals, hours)]
-        name = Path(job.folder).name.rsplit("-s", 1)[0]
+        name = Path(job.folder).name.rsplit("-s", 1)[0] + (" (captured)" if cost.get("captured") else "")
         measured = f"{seconds:.2f} | {hours[0]:,.0f}" if seconds is not None else " | "
         counts = "".join(f" {cost[k]} |" for k in ("kernels eager", "kernels compiled", "launches")) if args.compile else ""
         print(f"| {name} | {steps} | {batch} | {flops / 1e9:.1f} | {ops} |{counts} {measured} | {hours[1]:,.2f} | "

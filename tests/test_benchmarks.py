@@ -24,6 +24,14 @@ def test_views_launch_nothing_and_fused_kernels_do():
     assert not paper_hours.is_kernel("CompiledFunction")
 
 
+def test_a_step_is_timed_eagerly_where_it_cannot_be_recorded():
+    """--capture times the recorded step on CUDA only; on a CPU the eager step is timed, and said so."""
+    run = assembly.assemble(None, ["method=looped", "task.name=parity", "task.train_max=4", "model.d_model=16",
+                                   "model.n_layer=1", "model.n_head=2", "train.device=cpu"])
+    cost = paper_hours.step_cost(run, torch.device("cpu"), 1, 2, capture=True)
+    assert "captured" not in cost and cost["seconds"] > 0 and cost["flops"] > 0 and cost["ops"] > 100
+
+
 @pytest.mark.slow  # compiles a block
 def test_compiled_blocks_are_one_launch_each_with_graphs(monkeypatch):
     from lengthgen.model import narrow_attention
