@@ -75,8 +75,8 @@ def stacked_optimizer(stack: Stack, optimizers: list[torch.optim.Optimizer], mod
     """One AdamW over the stack with the seeds' groups and settings, its state the seeds' states
     stacked (zeros at step 0); each seed's optimizer then holds views of its rows."""
     weight_of = {id(p): w for p, w in zip(models[0].parameters(), stack.weights)}
-    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [weight_of[id(p)] for p in group["params"]]}
-              for group in optimizers[0].param_groups]
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [weight_of[id(p)] for p in group["params"]]} for group in optimizers[0].param_groups]
     stacked = type(optimizers[0])(groups)
     seeds = [list(m.parameters()) for m in models]
     for i, weight in enumerate(stack.weights):
