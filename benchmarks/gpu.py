@@ -4,7 +4,8 @@ Prints, measured in one run on one device (ratios are meaningful; absolute times
 1. Looped Parity and Addition at the paper presets (experiments/looped/paper/, at the final
    curriculum length: batch 64, lengths mixed from 1 to train_max): ms per training step
    eager, captured (train.capture: the whole step replayed from CUDA graphs,
-   lengthgen.training.captured), compiled (train.compile) and compiled + captured; each step
+   lengthgen.training.captured), compiled (train.compile: the blocks) and compiled + captured
+   (the recorded loss compiled whole, every iteration and the backward, as training does); each step
    draws its batch on the host, as training does. With --authors PATH (a folder holding
    looped-tf/src, see benchmarks/authors_looped.py), the authors' step on the same device.
 2. The GPU-busy share of eager and captured steps: kernel time over wall time (torch profiler),
@@ -69,10 +70,10 @@ class Stepper:
         self.run, self.device, cfg = run, device, run.cfg
         self.state = RunState.start(cfg, run.method, run.task, device)
         self.state.model.train()
-        if compiled:
+        if compiled and not capture:  # as training does: a recorded step is compiled whole instead
             compile_blocks(self.state.model, device, "benchmark")
         self.captured = (CapturedSteps(run.method, self.state.model, self.state.optimizer, cfg.optim.grad_clip,
-                                       cfg.train.precision, device) if capture else None)
+                                       cfg.train.precision, device, 0 if compiled else None) if capture else None)
         self.data = torch.Generator().manual_seed(seed)
 
     def batch(self):
@@ -174,9 +175,8 @@ def looped_rows(task: str, device: torch.device, args) -> dict:
     run = load(LOOPED[task], device, SMALL)
     cuda, row = device.type == "cuda", {}
     variants = [("eager", False, False)] + ([("captured", True, False)] if cuda else [])
-    if not args.no_compile:  # compiled once: the captured variant records the same compiled blocks
+    if not args.no_compile:  # compiled: the blocks eagerly; a recorded step's loss whole (lengthgen.model.compiling)
         variants += [("compiled", False, True)] + ([("compiled+captured", True, True)] if cuda else [])
-    stepper = None
     drawer = Stepper(run, device, False, False)
     start = time.perf_counter()
     for _ in range(args.steps):
@@ -185,13 +185,9 @@ def looped_rows(task: str, device: torch.device, args) -> dict:
     print(f"  {task}: drawing a batch on the host {row['draw']:.1f} ms", flush=True)
     for name, capture, compiled in variants:
         try:
-            if stepper is None or not compiled:
-                stepper = Stepper(run, device, capture, compiled)
-            elif capture:
-                stepper.captured = CapturedSteps(run.method, stepper.state.model, stepper.state.optimizer,
-                                                 run.cfg.optim.grad_clip, run.cfg.train.precision, device)
+            stepper = Stepper(run, device, capture, compiled)
             row[name] = ms_per_step(stepper, device, args.steps, args.warmup + (3 if compiled else 0))
-            if name in ("eager", "captured") and cuda:
+            if name in ("eager", "captured", "compiled+captured") and cuda:
                 row[f"{name}_busy"], row[f"{name}_kernels"] = busy_share(stepper, device)
                 print(f"  {task} {name}: GPU busy {row[f'{name}_busy']:.0%}, {row[f'{name}_kernels']:.0f} kernels a step",
                       flush=True)
@@ -201,7 +197,6 @@ def looped_rows(task: str, device: torch.device, args) -> dict:
         except Exception as err:  # one variant failing leaves the others measured
             row[name] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
             print(f"  {task} {name}: {row[name]}", flush=True)
-            stepper = None
     if args.authors:
         try:
             row["authors"] = authors_ms(args.authors, task, device, args)
@@ -288,7 +283,7 @@ def table(results: dict, device_name: str) -> str:
                  for k in ("eager", "captured", "compiled", "compiled+captured", "authors")]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     for task, row in results["looped"].items():
-        for name in ("eager", "captured"):
+        for name in ("eager", "captured", "compiled+captured"):
             if f"{name}_busy" in row:
                 lines.append(f"{task} {name}: GPU busy {row[f'{name}_busy']:.0%} of the step, "
                              f"{row[f'{name}_kernels']:.0f} kernels a step")

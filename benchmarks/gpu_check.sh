@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, one command on a machine with one GPU and a source checkout (torch with CUDA,
 # numpy, tqdm, safetensors; no install needed). Writes everything under $OUT (default ./gpu-check):
-#   part "bench":  a tiny captured training run through the CLI against an eager one (same losses,
-#                  the graphs it recorded, a checkpoint that resumes), then benchmarks/gpu.py
+#   part "bench":  a tiny captured training run through the CLI against an eager one and a captured
+#                  one compiled whole (same losses, the graphs recorded, a checkpoint that resumes),
+#                  then benchmarks/gpu.py
 #                  (at most about 6 minutes; with the authors' code where .authors holds it)
 #   part "paper":  the looped Parity paper preset trained for SECONDS seconds (default 270), its
 #                  checkpoints kept (train --resume continues it), then evaluated at lengths 20 and
@@ -26,16 +27,18 @@ tiny=(--set method=looped --set task.name=parity --set task.train_max=8 --set mo
       --set eval.lengths=8,12 --set eval.samples=256)
 
 if [ "$1" = bench ] || [ "$1" = all ]; then
-  for capture in true false; do
-    timeout 90 python3 -m lengthgen train "${tiny[@]}" --set train.capture=$capture --out "$OUT/tiny-$capture" --no-progress \
+  for capture in true false compiled; do
+    how=(--set train.capture=$capture); [ $capture = compiled ] && how=(--set train.capture=true --set train.compile=true)
+    timeout 150 python3 -m lengthgen train "${tiny[@]}" "${how[@]}" --out "$OUT/tiny-$capture" --no-progress \
       2> "$OUT/tiny-$capture.err" || tail -3 "$OUT/tiny-$capture.err"
   done
   python3 - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
-rows = {c: [json.loads(l) for l in (Path(sys.argv[1]) / f"tiny-{c}/metrics.jsonl").open()] for c in ("true", "false")}
-for a, b in zip(rows["true"], rows["false"]):
-    print(f"step {a['step']}: loss captured {a['loss']:.6f} eager {b['loss']:.6f} graphs {a.get('cuda_graphs')}")
+rows = {c: [json.loads(l) for l in (Path(sys.argv[1]) / f"tiny-{c}/metrics.jsonl").open()] for c in ("true", "false", "compiled")}
+for a, b, c in zip(rows["true"], rows["false"], rows["compiled"]):
+    print(f"step {a['step']}: loss captured {a['loss']:.6f} eager {b['loss']:.6f} compiled whole {c['loss']:.6f} "
+          f"graphs {a.get('cuda_graphs')} compiled graphs {c.get('compiled_graphs')} time {a['time']:.1f} {b['time']:.1f} {c['time']:.1f} s")
 EOF
   timeout 60 python3 -m lengthgen eval "$OUT/tiny-true" --no-progress 2>&1 | tail -4
   # a checkpoint a recorded run wrote resumes (its optimizer state saved as an eager run reads it)

@@ -11,8 +11,8 @@ place, so parameter names, checkpoints and the EMA copy are those of the eager m
 The blocks are compiled in the default mode on every device: inductor's own CUDA graphs
 ("reduce-overhead") recorded a new graph for every packed shape and made a looped Parity step
 5-50x slower than eager on an H200. CUDA graphs come from train.capture instead, which records the
-whole step once per shape bucket (lengthgen.training.captured), with the compiled blocks inside
-it. Not compiled: the schemes that compute attention themselves (TRA, CoPE):
+whole step once per shape bucket (lengthgen.training.captured); there the shapes are fixed, so the
+step's loss is compiled whole instead of block by block (`compile_step`). Not compiled: the schemes that compute attention themselves (TRA, CoPE):
 their queries run in Python-level chunks sized by the sequence length, so every length is a new
 graph (8 recompilations in 20 steps of copy, then torch stops compiling them); they run eagerly,
 with a note. Whether compiling pays depends on how many steps share the compile time:
@@ -70,6 +70,23 @@ def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.co
     for block in model.blocks:
         block.compile(dynamic=True)
     return True
+
+
+STEP_GRAPHS = 64  # graphs one compiled step may make: one per shape bucket (torch stops at 8 by default)
+
+
+def compile_step(loss):
+    """`loss(model, batch, iterations)`, a captured step's fixed-shape loss (lengthgen.training.captured),
+    compiled whole with static shapes: one graph per shape bucket, its forward over every loop
+    iteration and its backward fused by inductor, then recorded inside the step's CUDA graph.
+    Compiled whole, the element-wise work of every iteration and the summing of a looped weight's
+    gradients over the iterations fuse; compiled block by block they cannot (a looped Parity CPU
+    step of 20 iterations ran 1,123 kernels eagerly, 509 compiled whole: docs/benchmarks.md)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder() / "inductor"))
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), STEP_GRAPHS))
+    return torch.compile(loss, dynamic=False)
 
 
 def run_eagerly_in_graphs() -> None:

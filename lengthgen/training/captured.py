@@ -19,6 +19,10 @@ test_captured.py); an optimizer step replayed from a graph is the eager one with
 (cuBLAS and the optimizer's state need it), and the weights and optimizer state are put back, so
 the recorded run follows the eager one. Dropout draws differ (the graph's philox offsets).
 
+With train.compile the recorded loss is compiled whole (lengthgen.model.compiling.compile_step),
+from where the curriculum ends: a bucket's first step then compiles it, and inductor's kernels are
+what its CUDA graph records.
+
 What cannot be recorded runs eagerly, with a one-line note: a method whose loss reads shapes
 on the host (`Method.capturable`: ntp-pause, tape-rnn), data-parallel runs, and any step whose
 recording fails. The trained stops' losses on every iteration have fixed-shape forms of their
@@ -33,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lengthgen.model.compiling import compilable, compile_step
 from lengthgen.tasks import IGNORE, PAD, Batch
 
 WIDTH_MULTIPLE = 8  # columns a bucket's width is rounded up to: fewer graphs, little padding
@@ -57,10 +62,11 @@ def shape_of(method, batch: Batch) -> tuple[int, int, tuple]:
 
 
 class Recorded:
-    """One shape's graph: the static batch it reads and the loss it writes."""
+    """One shape's graph: the static batch it reads and the loss it writes; `compiled`: its loss
+    was compiled whole."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, batch: Batch, loss: Tensor):
-        self.graph, self.batch, self.loss = graph, batch, loss
+    def __init__(self, graph: torch.cuda.CUDAGraph, batch: Batch, loss: Tensor, compiled: bool = False):
+        self.graph, self.batch, self.loss, self.compiled = graph, batch, loss, compiled
 
     def replay(self, batch: Batch) -> Tensor:
         for field in fields(Batch):
@@ -73,11 +79,24 @@ class Recorded:
 
 class CapturedSteps:
     """Training steps replayed from CUDA graphs, one graph per shape bucket. `__call__(batch, lr)`
-    does the whole step (gradients, clipping, the optimizer) and returns the loss on the device."""
+    does the whole step (gradients, clipping, the optimizer) and returns the loss on the device.
+    `compile_after` (train.compile): from that many calls on, a new bucket's loss is compiled
+    whole and only such graphs are replayed; None: never. A bucket costs a compilation (tens of
+    seconds at paper scale), so the trainer starts compiling where the curriculum ends: the
+    shorter lengths before it each serve a few hundred steps, the last one the rest of the run."""
 
     def __init__(self, method, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float,
-                 precision: str, device: torch.device):
+                 precision: str, device: torch.device, compile_after: int | None = None):
         self.method, self.model, self.optimizer = method, model, optimizer
+        self.compile_after, self.calls, self.whole = compile_after, 0, None
+        if compile_after is not None:
+            reason = compilable(model)
+            if reason:
+                print(f"lengthgen: note: train.compile is off for this run: {reason}", file=sys.stderr)
+                self.compile_after = None
+            else:
+                self.whole = compile_step(method.fixed_shape_loss)
+        self.compiled = self.compile_after is not None
         self.grad_clip, self.precision, self.device = grad_clip, precision, device
         self.graphs: dict[tuple[int, int, tuple], Recorded] = {}
         self.pool = torch.cuda.graph_pool_handle()
@@ -86,13 +105,16 @@ class CapturedSteps:
         make_capturable(optimizer, self.lr, device)
 
     def __call__(self, batch: Batch, lr: float) -> Tensor:
-        key, new = bucket(self.graphs, *shape_of(self.method, batch))
+        compile_now = self.compiled and self.calls >= self.compile_after
+        self.calls += 1
+        keys = [key for key, graph in self.graphs.items() if graph.compiled or not compile_now]
+        key, new = bucket(keys, *shape_of(self.method, batch))
         if new:
-            self.graphs[key] = self.record(padded(batch, key[0]).to(self.device), key[1])
+            self.graphs[key] = self.record(padded(batch, key[0]).to(self.device), key[1], compile_now)
         self.lr.fill_(lr)
         return self.graphs[key].replay(padded(batch, key[0]))
 
-    def step_body(self, batch: Batch, iterations: int) -> Tensor:
+    def step_body(self, batch: Batch, iterations: int, compiled: bool = False) -> Tensor:
         """What one graph holds: zeroed gradients, the loss and its gradients, clipping, the update."""
         for p in self.params:
             if p.grad is not None:
@@ -100,29 +122,30 @@ class CapturedSteps:
         # autocast's weight cache would hold casts made at recording time: off inside a graph
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
                             cache_enabled=False):
-            loss = self.method.fixed_shape_loss(self.model, batch, iterations)
+            loss = (self.whole if compiled else self.method.fixed_shape_loss)(self.model, batch, iterations)
         loss.backward()
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
         return loss.detach()
 
-    def record(self, batch: Batch, iterations: int) -> Recorded:
+    def record(self, batch: Batch, iterations: int, compiled: bool = False) -> Recorded:
         """Run the step once on a side stream (allocating gradients, the optimizer's state and
-        cuBLAS's workspace), put the weights and state back, then record the step as a graph."""
+        cuBLAS's workspace; compiling, for a compiled one), put the weights and state back, then
+        record the step as a graph."""
         kept = snapshot(self.model, self.optimizer)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         try:
             with torch.cuda.stream(side):
-                self.step_body(batch, iterations)
+                self.step_body(batch, iterations, compiled)
         finally:
             torch.cuda.current_stream(self.device).wait_stream(side)
             restore(self.model, self.optimizer, kept)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            loss = self.step_body(batch, iterations)
-        return Recorded(graph, batch, loss)
+            loss = self.step_body(batch, iterations, compiled)
+        return Recorded(graph, batch, loss, compiled)
 
     def count(self) -> int:
         return len(self.graphs)

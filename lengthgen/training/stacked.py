@@ -185,7 +185,7 @@ class StackedCaptured(CapturedSteps):
         super().__init__(steps.method, steps.stack, steps.optimizer, steps.grad_clip, steps.precision, steps.device)
         self.steps = steps
 
-    def step_body(self, batch: Batch, iterations: int) -> Tensor:
+    def step_body(self, batch: Batch, iterations: int, compiled: bool = False) -> Tensor:
         return self.steps.body(batch, iterations)
 
     def stacked(self, batches: list[Batch], lr: float) -> Tensor:

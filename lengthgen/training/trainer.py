@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lengthgen.assembly import Run, assemble_saved, assembled
-from lengthgen.config.schedules import curriculum_max, learning_rate
+from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from lengthgen.config.schema import Config, TrainConfig, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
@@ -205,10 +205,10 @@ class Trainer:
             return
         reason = capture_refusal(self.method, self.ranks.world, self.cfg.data.shards)
         if reason:
-            note(reason)
-            return
-        self.captured = CapturedSteps(self.method, self.state.model, self.state.optimizer,
-                                      self.cfg.optim.grad_clip, tr.precision, self.device)
+            return note(reason)
+        compile_after = max(0, curriculum_end(self.cfg) - self.state.step) if tr.compile else None  # its last length
+        self.captured = CapturedSteps(self.method, self.state.model, self.state.optimizer, self.cfg.optim.grad_clip,
+                                      tr.precision, self.device, compile_after)
 
     def step(self) -> tuple[float, int]:
         """One optimizer step; returns its learning rate and curriculum maximum."""
@@ -275,11 +275,11 @@ class Trainer:
         `own_steps` False: lengthgen.training.stacked takes the steps: nothing compiled or recorded."""
         cfg, tr, state, ranks, folder = self.cfg, self.cfg.train, self.state, self.ranks, self.folder
         state.model.train()
-        if own_steps:
-            self.compiled = tr.compile and compile_blocks(state.model, self.device)  # in place: EMA and checkpoints see no change
+        if own_steps:  # a recorded step compiles whole; else the blocks, in place (EMA, checkpoints see no change)
             self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
-            self.loss_of = ranks.wrap(self.method, state.model)
             self.start_capture()
+            self.compiled = tr.compile and (self.captured.compiled if self.captured else compile_blocks(state.model, self.device))
+            self.loss_of = ranks.wrap(self.method, state.model)
         sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), state.step)
         bar = tqdm(total=tr.steps, initial=state.step, disable=not progress or not ranks.main, dynamic_ncols=True,
                    mininterval=1.0)

@@ -7,6 +7,7 @@ import torch
 
 from lengthgen import assembly
 from lengthgen.methods.registry import METHODS
+from lengthgen.model.compiling import compilations
 from lengthgen.runtime.checkpoint import portable_state
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training.captured import (WIDTH_MULTIPLE, bucket, capture_refusal, padded, restore, shape_of,
@@ -147,6 +148,45 @@ def test_portable_state_is_plain_and_leaves_the_optimizer_alone():
     fresh = adamw(model)
     fresh.load_state_dict(saved)  # an eager CPU run reads it and steps
     fresh.step()
+
+
+@pytest.mark.parametrize("name", ["looped", pytest.param("looped-halt", marks=pytest.mark.slow),
+                                  pytest.param("ntp", marks=pytest.mark.slow)])
+def test_the_loss_compiled_whole_is_the_eager_loss(name):
+    """train.compile on a recorded step compiles its fixed-shape loss whole (every iteration, the
+    backward): the same loss and gradients, on CPU as on CUDA."""
+    from lengthgen.model.compiling import compile_step
+    run, model = built(name)
+    batch = sample_mixed(run.task, 9, 1, 6, torch.Generator().manual_seed(3))
+    width, iterations, _ = shape_of(run.method, batch)
+    batch = padded(batch, width + 3)
+    eager = loss_and_grads(lambda: run.method.fixed_shape_loss(model, batch, iterations + 1), model)
+    torch._dynamo.reset()
+    compiled = compile_step(run.method.fixed_shape_loss)
+    assert_same(eager, loss_and_grads(lambda: compiled(model, batch, iterations + 1), model))
+    assert compilations() >= 1
+
+
+def test_buckets_are_compiled_from_where_the_curriculum_ends(monkeypatch):
+    """train.compile on a recorded step: graphs recorded before `compile_after` calls stay as they
+    are; from then on a batch replays only graphs compiled whole, recording one where none fits."""
+    from lengthgen.training.captured import CapturedSteps
+    run, _ = built("looped")
+    steps = object.__new__(CapturedSteps)  # the bucket policy alone: no CUDA graph is made
+    steps.method, steps.compiled, steps.compile_after, steps.calls, steps.graphs = run.method, True, 2, 0, {}
+    steps.device, steps.lr = torch.device("cpu"), torch.zeros(())
+    made = []
+
+    def record(batch, iterations, compiled=False):
+        made.append((batch.inputs.shape[1], iterations, compiled))
+        return type("Graph", (), {"compiled": compiled, "replay": lambda self, b: torch.tensor(0.0)})()
+    monkeypatch.setattr(steps, "record", record)
+    g = torch.Generator().manual_seed(0)
+    long, short = (run.task.sample(4, n, g) for n in (6, 3))
+    for batch in (long, short, short, long, short):
+        steps(batch, 1e-3)
+    assert [m[2] for m in made] == [False, True, True]  # short fitted the long graph; after 2 calls it did not
+    assert made[1][1] < made[2][1]  # the first compiled graph was the short one's; the long one got its own
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,0 +1,73 @@
+"""Kernels of a recorded step's loss, eager and compiled whole (train.compile with train.capture).
+
+A recorded step (lengthgen.training.captured) runs a looped preset's fixed-shape loss: every
+sample for the batch's largest T(n) iterations, then the backward. Compiled whole
+(lengthgen.model.compiling.compile_step), inductor fuses the element-wise work of every iteration
+and the summing of each looped weight's gradients over the iterations; compiled block by block
+(train.compile without capture) it cannot. Prints, for one batch at the preset's longest lengths:
+the kernels of the loss and its backward (torch profiler: inductor's fused kernels and the aten
+operators that run one, as benchmarks/paper_hours.py counts them), eager and compiled whole; the
+compilation's seconds; the loss and the largest relative gradient difference; ms per call each
+way. Counted on a CPU, inductor fuses as it would for CUDA up to the backend's choices.
+
+    python benchmarks/whole_step.py [--task parity] [--calls 3]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from gpu import LOOPED, Stepper, load
+from lengthgen.model import narrow_attention
+from lengthgen.model.compiling import compile_step
+from lengthgen.training.captured import WIDTH_MULTIPLE, padded, shape_of
+from paper_hours import kernel_counts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="parity", choices=sorted(LOOPED))
+    p.add_argument("--calls", type=int, default=3, help="timed calls each way")
+    args = p.parse_args()
+    narrow_attention.enabled = False  # a compiled graph cannot call it: both ways use SDPA
+    device = torch.device("cpu")
+    run = load(LOOPED[args.task], device, [])
+    stepper = Stepper(run, device, False, False)
+    model, method = stepper.state.model, run.method
+    batch = stepper.batch()
+    width, iterations, _ = shape_of(method, batch)
+    batch = padded(batch, -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+
+    def step(loss):
+        def call():
+            model.zero_grad(set_to_none=True)
+            out = loss(model, batch, iterations)
+            out.backward()
+            return out.detach(), [p.grad.clone() for p in model.parameters()]
+        return call
+
+    eager, whole = step(method.fixed_shape_loss), step(compile_step(method.fixed_shape_loss))
+    start = time.perf_counter()
+    whole()
+    compile_s = time.perf_counter() - start
+    kernels = {name: kernel_counts(call)[0] for name, call in (("eager", eager), ("compiled whole", whole))}
+    (loss_a, grads_a), (loss_b, grads_b) = eager(), whole()
+    worst = max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)) for a, b in zip(grads_a, grads_b))
+    ms = {}
+    for name, call in (("eager", eager), ("compiled whole", whole)):
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            call()
+        ms[name] = 1000 * (time.perf_counter() - start) / args.calls
+    print(f"{args.task} paper preset, one batch of {len(batch)} at width {batch.inputs.shape[1]}, {iterations} iterations, "
+          f"{torch.get_num_threads()} threads")
+    for name in kernels:
+        print(f"{name}: {kernels[name]} kernels, {ms[name]:.0f} ms a call")
+    print(f"compiling took {compile_s:.1f} s; losses {float(loss_a):.6f} and {float(loss_b):.6f}, "
+          f"gradients within {worst:.1e} relative")
+
+
+if __name__ == "__main__":
+    main()
