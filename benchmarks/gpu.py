@@ -16,7 +16,8 @@ Prints, measured in one run on one device (ratios are meaningful; absolute times
    all of them over one process's.
 5. Seeds stacked (lengthgen.training.stacked): S seeds of the Parity and Addition presets trained
    as one model, captured on CUDA: ms per stacked step and per run, against one run's step; and
-   each seed's losses against its own run's over the same batches.
+   each seed's losses against its own run's over the same batches (--stack-compile: also the
+   stacked step compiled whole, as train.compile records it).
 6. TRA, CoPE and FoX against RoPE on the TRA paper's flip-flop preset
    (experiments/tra/paper/flipflop.toml): ms per step and the ratio to RoPE's, eager and
    captured (their attention fused on CUDA: lengthgen.model.content_attention.fused).
@@ -95,10 +96,10 @@ class Stepper:
 class StackedStepper:
     """`seeds` seeds of one run trained stacked (captured on CUDA); each seed draws its own batch."""
 
-    def __init__(self, run, device: torch.device, seeds: int):
+    def __init__(self, run, device: torch.device, seeds: int, compiled: bool = False):
         self.alone = [Stepper(run, device, False, False, seed=s) for s in range(seeds)]
         self.steps = StackedSteps(run.method, [a.state for a in self.alone], run.cfg.optim.grad_clip,
-                                  run.cfg.train.precision, device, device.type == "cuda")
+                                  run.cfg.train.precision, device, device.type == "cuda", 0 if compiled else None)
         self.lr = run.cfg.optim.lr
 
     def __call__(self, batches=None) -> torch.Tensor:
@@ -112,6 +113,9 @@ def stacked_rows(task: str, device: torch.device, seeds: int, args) -> dict:
     row = {"seeds": seeds, "one": ms_per_step(Stepper(run, device, cuda, False), device, args.steps, args.warmup)}
     row["stacked"] = ms_per_step(StackedStepper(run, device, seeds), device, args.steps, args.warmup)
     row["per_run"] = row["stacked"] / seeds
+    if args.stack_compile and cuda:  # the stacked losses compiled whole (train.compile)
+        row["compiled"] = ms_per_step(StackedStepper(run, device, seeds, True), device, args.steps, args.warmup)
+        print(f"  {task}: {seeds} seeds stacked, compiled whole: {row['compiled']:.1f} ms/step", flush=True)
     stacked, alone = StackedStepper(run, device, seeds), [Stepper(run, device, cuda, False, seed=s) for s in range(seeds)]
     worst = 0.0
     for _ in range(10):
@@ -303,7 +307,8 @@ def table(results: dict, device_name: str) -> str:
     for task, row in results.get("stacked", {}).items():
         lines.append(f"{task}: {row['seeds']} seeds stacked {row['stacked']:.1f} ms a step, {row['per_run']:.1f} ms per run "
                      f"({row['one'] / row['per_run']:.2f}x one run's {row['one']:.1f} ms); each seed's losses within "
-                     f"{row['loss_rel']:.1e} of its own run's")
+                     f"{row['loss_rel']:.1e} of its own run's"
+                     + (f"; compiled whole {row['compiled'] / row['seeds']:.1f} ms per run" if "compiled" in row else ""))
     content = results.get("content", {})
     for name, ms in content.items():
         base = content.get("rope captured" if name.endswith("captured") else "rope")
@@ -320,6 +325,7 @@ def main() -> None:
     p.add_argument("--procs", default="1,4", help="process counts for several runs per GPU ('' skips)")
     p.add_argument("--seconds", type=float, default=8.0, help="how long each of several processes trains")
     p.add_argument("--stack", type=int, default=3, help="seeds trained stacked (0 skips)")
+    p.add_argument("--stack-compile", action="store_true", help="also the stacked step compiled whole (CUDA)")
     p.add_argument("--authors", help="folder holding looped-tf (benchmarks/authors_looped.py)")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled variants")
     p.add_argument("--no-content", action="store_true", help="skip TRA, CoPE and FoX against RoPE")

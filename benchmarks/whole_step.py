@@ -10,7 +10,10 @@ operators that run one, as benchmarks/paper_hours.py counts them), eager and com
 compilation's seconds; the loss and the largest relative gradient difference; ms per call each
 way. Counted on a CPU, inductor fuses as it would for CUDA up to the backend's choices.
 
-    python benchmarks/whole_step.py [--task parity] [--calls 3]
+With --stack N, the same for N seeds trained stacked (lengthgen.training.stacked): their losses
+under vmap, eager and compiled whole.
+
+    python benchmarks/whole_step.py [--task parity] [--calls 3] [--stack 3]
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ import time
 
 import torch
 
-from gpu import LOOPED, Stepper, load
+from gpu import LOOPED, StackedStepper, Stepper, load
 from lengthgen.model import narrow_attention
 from lengthgen.model.compiling import compile_step
 from lengthgen.training.captured import WIDTH_MULTIPLE, padded, shape_of
+from lengthgen.training.stacked import stacked_batch, step_shape
 from paper_hours import kernel_counts
 
 
@@ -30,25 +34,36 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="parity", choices=sorted(LOOPED))
     p.add_argument("--calls", type=int, default=3, help="timed calls each way")
+    p.add_argument("--stack", type=int, default=0, help="seeds trained stacked (0: one model)")
     args = p.parse_args()
     narrow_attention.enabled = False  # a compiled graph cannot call it: both ways use SDPA
     device = torch.device("cpu")
     run = load(LOOPED[args.task], device, [])
-    stepper = Stepper(run, device, False, False)
-    model, method = stepper.state.model, run.method
-    batch = stepper.batch()
-    width, iterations, _ = shape_of(method, batch)
-    batch = padded(batch, -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+    if args.stack:
+        stacked = StackedStepper(run, device, args.stack)
+        batches = [a.batch() for a in stacked.alone]
+        width, iterations = step_shape(run.method, batches)
+        batch = stacked_batch(batches, -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+        params, loss, losses = stacked.steps.params, stacked.steps.losses, lambda f: lambda: f(batch, iterations).sum()
+    else:
+        stepper = Stepper(run, device, False, False)
+        model, loss = stepper.state.model, run.method.fixed_shape_loss
+        params = list(model.parameters())
+        batch = stepper.batch()
+        width, iterations, _ = shape_of(run.method, batch)
+        batch = padded(batch, -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+        losses = lambda f: lambda: f(model, batch, iterations)  # noqa: E731
 
-    def step(loss):
+    def step(loss_of):
         def call():
-            model.zero_grad(set_to_none=True)
-            out = loss(model, batch, iterations)
+            for p in params:
+                p.grad = None
+            out = loss_of()
             out.backward()
-            return out.detach(), [p.grad.clone() for p in model.parameters()]
+            return out.detach(), [p.grad.clone() for p in params]
         return call
 
-    eager, whole = step(method.fixed_shape_loss), step(compile_step(method.fixed_shape_loss))
+    eager, whole = step(losses(loss)), step(losses(compile_step(loss)))
     start = time.perf_counter()
     whole()
     compile_s = time.perf_counter() - start
@@ -61,8 +76,9 @@ def main() -> None:
         for _ in range(args.calls):
             call()
         ms[name] = 1000 * (time.perf_counter() - start) / args.calls
-    print(f"{args.task} paper preset, one batch of {len(batch)} at width {batch.inputs.shape[1]}, {iterations} iterations, "
-          f"{torch.get_num_threads()} threads")
+    what = f"{args.task} paper preset" + (f", {args.stack} seeds stacked" if args.stack else "")
+    print(f"{what}, one batch of {run.cfg.train.batch_size} at width "
+          f"{batch.inputs.shape[-1]}, {iterations} iterations, {torch.get_num_threads()} threads")
     for name in kernels:
         print(f"{name}: {kernels[name]} kernels, {ms[name]:.0f} ms a call")
     print(f"compiling took {compile_s:.1f} s; losses {float(loss_a):.6f} and {float(loss_b):.6f}, "

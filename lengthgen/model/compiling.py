@@ -89,6 +89,15 @@ def compile_step(loss):
     return torch.compile(loss, dynamic=False)
 
 
+def compiled_whole(model: nn.Module, loss):
+    """`loss` compiled by compile_step, or None, with a note, where `model` cannot be compiled."""
+    reason = compilable(model)
+    if reason:
+        print(f"lengthgen: note: train.compile is off for this run: {reason}", file=sys.stderr)
+        return None
+    return compile_step(loss)
+
+
 def run_eagerly_in_graphs() -> None:
     """torch.compiler.disable on the methods of EAGER_IN_COMPILED_BLOCKS, once per process."""
     for cls, names in EAGER_IN_COMPILED_BLOCKS.items():

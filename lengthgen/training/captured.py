@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lengthgen.model.compiling import compilable, compile_step
+from lengthgen.model.compiling import compiled_whole
 from lengthgen.tasks import IGNORE, PAD, Batch
 
 WIDTH_MULTIPLE = 8  # columns a bucket's width is rounded up to: fewer graphs, little padding
@@ -88,15 +88,8 @@ class CapturedSteps:
     def __init__(self, method, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float,
                  precision: str, device: torch.device, compile_after: int | None = None):
         self.method, self.model, self.optimizer = method, model, optimizer
-        self.compile_after, self.calls, self.whole = compile_after, 0, None
-        if compile_after is not None:
-            reason = compilable(model)
-            if reason:
-                print(f"lengthgen: note: train.compile is off for this run: {reason}", file=sys.stderr)
-                self.compile_after = None
-            else:
-                self.whole = compile_step(method.fixed_shape_loss)
-        self.compiled = self.compile_after is not None
+        self.whole = compiled_whole(model, method.fixed_shape_loss) if compile_after is not None else None
+        self.compile_after, self.calls, self.compiled = compile_after, 0, self.whole is not None
         self.grad_clip, self.precision, self.device = grad_clip, precision, device
         self.graphs: dict[tuple[int, int, tuple], Recorded] = {}
         self.pool = torch.cuda.graph_pool_handle()
@@ -105,14 +98,19 @@ class CapturedSteps:
         make_capturable(optimizer, self.lr, device)
 
     def __call__(self, batch: Batch, lr: float) -> Tensor:
-        compile_now = self.compiled and self.calls >= self.compile_after
-        self.calls += 1
-        keys = [key for key, graph in self.graphs.items() if graph.compiled or not compile_now]
-        key, new = bucket(keys, *shape_of(self.method, batch))
+        key, new, compile_now = self.choose(*shape_of(self.method, batch))
         if new:
             self.graphs[key] = self.record(padded(batch, key[0]).to(self.device), key[1], compile_now)
         self.lr.fill_(lr)
         return self.graphs[key].replay(padded(batch, key[0]))
+
+    def choose(self, width: int, iterations: int, layout: tuple) -> tuple[tuple, bool, bool]:
+        """(the graph key a batch of this shape replays, whether it is new, whether a new one is
+        compiled): once compiling has started, only compiled graphs are replayed."""
+        compile_now = self.compiled and self.calls >= self.compile_after
+        self.calls += 1
+        keys = [key for key, graph in self.graphs.items() if graph.compiled or not compile_now]
+        return (*bucket(keys, width, iterations, layout), compile_now)
 
     def step_body(self, batch: Batch, iterations: int, compiled: bool = False) -> Tensor:
         """What one graph holds: zeroed gradients, the loss and its gradients, clipping, the update."""

@@ -13,7 +13,7 @@ from lengthgen import assembly
 from lengthgen.methods.registry import METHODS
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training.run_state import RunState
-from lengthgen.training.stacked import StackedSteps, clip_rows, train_stacked
+from lengthgen.training.stacked import StackedSteps, clip_rows, stacked_batch, step_shape, train_stacked
 from lengthgen.training.trainer import train, update
 
 TASK_OF = {"ppc": ["task.name=decimal_addition", "task.options.coupled=true", "model.position=learned"]}
@@ -157,3 +157,26 @@ def test_a_recorded_stacked_step_follows_the_eager_one():
     for a, b in zip(eager, recorded):
         for p, q in zip(a.model.parameters(), b.model.parameters()):
             assert torch.allclose(p, q, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.slow  # compiles the step
+def test_the_stacked_losses_compiled_whole_are_the_eager_ones():
+    """train.compile on recorded stacked steps compiles the seeds' losses under vmap as one graph."""
+    from lengthgen.model.compiling import compile_step
+    run, seeds = states("looped", 2)
+    steps = StackedSteps(run.method, seeds, 0.0, "fp32", torch.device("cpu"), capture=False)
+    g = torch.Generator().manual_seed(2)
+    batches = [sample_mixed(run.task, 6, 1, 6, g) for _ in seeds]
+    width, iterations = step_shape(run.method, batches)
+    batch = stacked_batch(batches, width + 2)
+    torch._dynamo.reset()
+    results = []
+    for losses in (steps.losses, compile_step(steps.losses)):
+        for w in steps.params:
+            w.grad = None
+        out = losses(batch, iterations + 1)
+        out.sum().backward()
+        results.append((out.detach(), [w.grad.clone() for w in steps.params]))
+    assert torch.allclose(results[0][0], results[1][0], rtol=1e-5)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
