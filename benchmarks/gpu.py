@@ -353,6 +353,12 @@ def main() -> None:
                 print(f"  agreement {task}: {results['agreement'][task]}", flush=True)
             except Exception as err:
                 print(f"  agreement {task}: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+    results["stacked"] = {}
+    for task in tasks if args.stack > 0 else []:
+        try:
+            results["stacked"][task] = stacked_rows(task, device, args.stack, args)
+        except Exception as err:
+            print(f"  {task} stacked: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
     results["several"] = {}
     for procs in [p_ for p_ in args.procs.split(",") if p_]:
         try:
@@ -360,12 +366,6 @@ def main() -> None:
             print(f"  {procs} processes: {results['several'][procs]:.1f} steps/s together", flush=True)
         except Exception as err:
             print(f"  {procs} processes: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
-    results["stacked"] = {}
-    for task in tasks if args.stack > 0 else []:
-        try:
-            results["stacked"][task] = stacked_rows(task, device, args.stack, args)
-        except Exception as err:
-            print(f"  {task} stacked: failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
     if not args.no_content:
         results["content"] = content_rows(device, args)
     results["seconds"] = time.perf_counter() - started

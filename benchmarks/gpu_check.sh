@@ -13,6 +13,10 @@
 #                  SECONDS seconds a grid at most (default 100)
 #
 #     bash benchmarks/gpu_check.sh bench|paper|hours|all [SECONDS]
+#
+# A session of 15 device minutes (a start takes 2-3): `bench` first, with
+# BENCH_ARGS="--procs 1 --no-content" (several processes and TRA were measured on 2026-11-27),
+# then `hours 90` or `paper 200` in a second call while the machine is warm.
 set -u
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"

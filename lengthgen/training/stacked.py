@@ -143,14 +143,14 @@ class StackedSteps:
             warnings.filterwarnings("ignore", message="There is a performance drop")
             return vmap(one, randomness="different")(tuple(self.stack.weights), batch_fields)
 
-    def body(self, batch: Batch, iterations: int, losses=None) -> Tensor:
-        """The whole step on a stacked batch: what a recorded graph holds (`losses`: compiled `losses`)."""
+    def body(self, batch: Batch, iterations: int, loss_of=None) -> Tensor:
+        """The whole step on a stacked batch: what a recorded graph holds (`loss_of`: `losses` compiled)."""
         for w in self.params:
             if w.grad is not None:
                 w.grad.zero_()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
                             cache_enabled=False):
-            losses = (losses or self.losses)(batch, iterations)
+            losses = (loss_of or self.losses)(batch, iterations)
         losses.sum().backward()
         if self.grad_clip > 0:
             clip_rows(self.params, self.grad_clip)
