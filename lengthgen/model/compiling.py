@@ -15,7 +15,7 @@ whole step once per shape bucket (lengthgen.training.captured); there the shapes
 step's loss is compiled whole instead of block by block (`compile_step`). Not compiled: the schemes that compute attention themselves (TRA, CoPE):
 their queries run in Python-level chunks sized by the sequence length, so every length is a new
 graph (8 recompilations in 20 steps of copy, then torch stops compiling them); they run eagerly,
-with a note. Whether compiling pays depends on how many steps share the compile time:
+with a note (a recorded step, of fixed shapes, compiles them whole). Whether compiling pays depends on how many steps share the compile time:
 benchmarks/compile.py measures it, docs/benchmarks.md has the numbers and each preset says.
 
 A compilation that fails (a missing C++ compiler, an operator inductor cannot lower) puts the
@@ -34,11 +34,12 @@ from lengthgen.model import narrow_attention
 from lengthgen.model.narrow_attention import cache_folder
 
 
-def compilable(model: nn.Module) -> str | None:
-    """Why the model's blocks cannot be compiled, or None."""
+def compilable(model: nn.Module, whole: bool = False) -> str | None:
+    """Why the model's blocks (or, `whole`, a recorded step's loss) cannot be compiled, or None.
+    A recorded step has fixed shapes, so a scheme's chunks sized by the length are no obstacle."""
     if not hasattr(model, "blocks"):
         return "the model has no transformer blocks to compile (a recurrent model steps through its tape)"
-    if getattr(model.scheme, "has_content", False):
+    if getattr(model.scheme, "has_content", False) and not whole:
         return (f"model.position = {model.cfg.position!r} computes attention in query chunks sized by the "
                 "sequence length, a new graph at every length")
     return None
@@ -91,7 +92,7 @@ def compile_step(loss):
 
 def compiled_whole(model: nn.Module, loss):
     """`loss` compiled by compile_step, or None, with a note, where `model` cannot be compiled."""
-    reason = compilable(model)
+    reason = compilable(model, whole=True)
     if reason:
         print(f"lengthgen: note: train.compile is off for this run: {reason}", file=sys.stderr)
         return None

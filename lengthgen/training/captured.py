@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lengthgen.model.compiling import compiled_whole
+from lengthgen.model.compiling import compile_failed, compiled_whole
 from lengthgen.tasks import IGNORE, PAD, Batch
 
 WIDTH_MULTIPLE = 8  # columns a bucket's width is rounded up to: fewer graphs, little padding
@@ -100,9 +100,22 @@ class CapturedSteps:
     def __call__(self, batch: Batch, lr: float) -> Tensor:
         key, new, compile_now = self.choose(*shape_of(self.method, batch))
         if new:
-            self.graphs[key] = self.record(padded(batch, key[0]).to(self.device), key[1], compile_now)
+            self.graphs[key] = self.recorded(padded(batch, key[0]).to(self.device), key[1], compile_now)
         self.lr.fill_(lr)
         return self.graphs[key].replay(padded(batch, key[0]))
+
+    def recorded(self, batch: Batch, iterations: int, compiled: bool) -> Recorded:
+        """`record`; where compiling fails, a note, and this graph and every later one uncompiled."""
+        try:
+            return self.record(batch, iterations, compiled)
+        except Exception as err:
+            if not (compiled and compile_failed(err)):
+                raise
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            print(f"lengthgen: note: train.compile: compiling the recorded step failed ({type(err).__name__}: "
+                  f"{first}); recording it uncompiled", file=sys.stderr)
+            self.compiled = False
+            return self.record(batch, iterations, False)
 
     def choose(self, width: int, iterations: int, layout: tuple) -> tuple[tuple, bool, bool]:
         """(the graph key a batch of this shape replays, whether it is new, whether a new one is

@@ -198,7 +198,7 @@ class StackedCaptured(CapturedSteps):
     def stacked(self, batches: list[Batch], lr: float) -> Tensor:
         key, new, compile_now = self.choose(*step_shape(self.method, batches), shape_of(self.method, batches[0])[2])
         if new:
-            self.graphs[key] = self.record(stacked_batch(batches, key[0]).to(self.device), key[1], compile_now)
+            self.graphs[key] = self.recorded(stacked_batch(batches, key[0]).to(self.device), key[1], compile_now)
         self.lr.fill_(lr)
         return self.graphs[key].replay(stacked_batch(batches, key[0]))
 

@@ -150,13 +150,17 @@ def test_portable_state_is_plain_and_leaves_the_optimizer_alone():
     fresh.step()
 
 
-@pytest.mark.parametrize("name", ["looped", pytest.param("looped-halt", marks=pytest.mark.slow),
-                                  pytest.param("ntp", marks=pytest.mark.slow)])
-def test_the_loss_compiled_whole_is_the_eager_loss(name):
+@pytest.mark.parametrize("name, extra", [("looped", ()), pytest.param("looped-halt", (), marks=pytest.mark.slow),
+                                         pytest.param("ntp", (), marks=pytest.mark.slow),
+                                         pytest.param("ntp", ("model.position=tra",), marks=pytest.mark.slow)],
+                         ids=["looped", "looped-halt", "ntp", "ntp-tra"])
+def test_the_loss_compiled_whole_is_the_eager_loss(name, extra):
     """train.compile on a recorded step compiles its fixed-shape loss whole (every iteration, the
-    backward): the same loss and gradients, on CPU as on CUDA."""
-    from lengthgen.model.compiling import compile_step
-    run, model = built(name)
+    backward): the same loss and gradients, on CPU as on CUDA; TRA's chunked attention too (a
+    recorded step's shapes are fixed)."""
+    from lengthgen.model.compiling import compilable, compile_step
+    run, model = built(name, *extra)
+    assert compilable(model, whole=True) is None
     batch = sample_mixed(run.task, 9, 1, 3, torch.Generator().manual_seed(3))  # few iterations: a short compile
     width, iterations, _ = shape_of(run.method, batch)
     batch = padded(batch, width + 3)
@@ -187,6 +191,25 @@ def test_buckets_are_compiled_from_where_the_curriculum_ends(monkeypatch):
         steps(batch, 1e-3)
     assert [m[2] for m in made] == [False, True, True]  # short fitted the long graph; after 2 calls it did not
     assert made[1][1] < made[2][1]  # the first compiled graph was the short one's; the long one got its own
+
+
+def test_a_step_that_fails_to_compile_is_recorded_uncompiled(monkeypatch, capsys):
+    from lengthgen.training.captured import CapturedSteps
+    failure = type("BackendCompilerFailed", (Exception,), {"__module__": "torch._dynamo.exc"})
+    steps = object.__new__(CapturedSteps)
+    steps.compiled, made = True, []
+
+    def record(batch, iterations, compiled=False):
+        if compiled:
+            raise failure("inductor could not lower an operator")
+        made.append(iterations)
+        return "graph"
+    monkeypatch.setattr(steps, "record", record)
+    assert steps.recorded(None, 4, True) == "graph" and made == [4] and not steps.compiled
+    assert "recording it uncompiled" in capsys.readouterr().err
+    with pytest.raises(ValueError):  # any other error is not a compilation's: it propagates
+        monkeypatch.setattr(steps, "record", lambda *a: (_ for _ in ()).throw(ValueError("bad")))
+        steps.recorded(None, 4, False)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
