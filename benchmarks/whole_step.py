@@ -42,7 +42,7 @@ def main() -> None:
     if args.stack:
         stacked = StackedStepper(run, device, args.stack)
         batches = [a.batch() for a in stacked.alone]
-        width, iterations = step_shape(run.method, batches)
+        width, iterations, _ = step_shape(run.method, batches)
         batch = stacked_batch(batches, -(-width // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
         params, loss, losses = stacked.steps.params, stacked.steps.losses, lambda f: lambda: f(batch, iterations).sum()
     else:

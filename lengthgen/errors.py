@@ -37,6 +37,12 @@ class RunsFailed(Exception):
         self.report = report
 
 
+def first_line(err: BaseException, limit: int = 160) -> str:
+    """An error's first line (its type's name if it has no text), cut to `limit` characters: what a
+    one-line note quotes of an error it recovers from."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:limit]
+
+
 def path_problem(path, want: str = "file") -> str:
     """Why `path` is not the `want` ("file" or "folder") a command needs, said as what it is:
     "does not exist", "is a folder, not a file", "is a FIFO, not a file" (a FIFO or /dev/zero

@@ -29,6 +29,7 @@ import sys
 import torch
 from torch import nn
 
+from lengthgen.errors import first_line
 from lengthgen.model.attention import EAGER_IN_COMPILED_BLOCKS
 from lengthgen.model import narrow_attention
 from lengthgen.model.narrow_attention import cache_folder
@@ -122,7 +123,7 @@ def compile_failed(err: BaseException) -> bool:
 def fall_back(model: nn.Module, err: BaseException, what: str = "train.compile") -> None:
     uncompile(model)
     torch._dynamo.reset()
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+    first = first_line(err)
     print(f"lengthgen: note: {what}: compiling failed ({type(err).__name__}: {first}); "
           "running eagerly", file=sys.stderr)
 

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lengthgen.errors import first_line
 from lengthgen.model.compiling import compile_failed, compiled_whole
 from lengthgen.tasks import IGNORE, PAD, Batch
 
@@ -111,7 +112,7 @@ class CapturedSteps:
         except Exception as err:
             if not (compiled and compile_failed(err)):
                 raise
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            first = first_line(err)
             print(f"lengthgen: note: train.compile: compiling the recorded step failed ({type(err).__name__}: "
                   f"{first}); recording it uncompiled", file=sys.stderr)
             self.compiled = False

@@ -33,6 +33,7 @@ from torch.func import functional_call, vmap
 
 from lengthgen.config.schedules import curriculum_end
 from lengthgen.config.schema import flat, to_dict
+from lengthgen.errors import first_line
 from lengthgen.model.compiling import compiled_whole
 from lengthgen.runtime.resources import is_out_of_memory
 from lengthgen.runtime.run_folders import run_lock
@@ -84,9 +85,9 @@ def stacked_optimizer(stack: Stack, optimizers: list[torch.optim.Optimizer], mod
     stacked = type(optimizers[0])(groups)
     seeds = [list(m.parameters()) for m in models]
     for i, weight in enumerate(stack.weights):
-        states = [opt.state.get(params[i], {}) for opt, params in zip(optimizers, seeds)]
         if not weight.requires_grad:
             continue
+        states = [opt.state.get(params[i], {}) for opt, params in zip(optimizers, seeds)]
         if not states[0]:
             stacked.state[weight] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(weight),
                                      "exp_avg_sq": torch.zeros_like(weight)}
@@ -167,19 +168,19 @@ class StackedSteps:
             except Exception as err:
                 if is_out_of_memory(err):
                     raise
-                first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                first = first_line(err)
                 note(f"recording the stacked step failed ({type(err).__name__}: {first})")
                 self.captured = None
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        width, iterations = step_shape(self.method, batches)
+        width, iterations, _ = step_shape(self.method, batches)
         return self.body(stacked_batch(batches, width).to(self.device), iterations)
 
 
-def step_shape(method, batches: list[Batch]) -> tuple[int, int]:
-    """(width, loop count) that every seed's batch fits."""
+def step_shape(method, batches: list[Batch]) -> tuple[int, int, tuple]:
+    """(width, loop count, layout) that every seed's batch fits (one config: one layout)."""
     shapes = [shape_of(method, b) for b in batches]
-    return max(s[0] for s in shapes), max(s[1] for s in shapes)
+    return max(s[0] for s in shapes), max(s[1] for s in shapes), shapes[0][2]
 
 
 class StackedCaptured(CapturedSteps):
@@ -196,7 +197,7 @@ class StackedCaptured(CapturedSteps):
         return self.steps.body(batch, iterations, self.whole if compiled else None)
 
     def stacked(self, batches: list[Batch], lr: float) -> Tensor:
-        key, new, compile_now = self.choose(*step_shape(self.method, batches), shape_of(self.method, batches[0])[2])
+        key, new, compile_now = self.choose(*step_shape(self.method, batches))
         if new:
             self.graphs[key] = self.recorded(stacked_batch(batches, key[0]).to(self.device), key[1], compile_now)
         self.lr.fill_(lr)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from lengthgen.assembly import Run, assemble_saved, assembled
 from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from lengthgen.config.schema import Config, TrainConfig, to_dict, to_toml
-from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
+from lengthgen.errors import ResourceError, TrainingDiverged, UserError, first_line, path_problem
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
 from lengthgen.runtime import checkpoint
@@ -193,7 +193,7 @@ class Trainer:
         except Exception as err:
             if is_out_of_memory(err):
                 raise
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            first = first_line(err)
             note(f"recording the step failed ({type(err).__name__}: {first})")
             self.captured = None
             return None
