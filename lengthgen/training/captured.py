@@ -39,6 +39,7 @@ from torch import Tensor
 
 from lengthgen.errors import first_line
 from lengthgen.model.compiling import compile_failed, compiled_whole
+from lengthgen.runtime.resources import is_out_of_memory
 from lengthgen.tasks import IGNORE, PAD, Batch
 
 WIDTH_MULTIPLE = 8  # columns a bucket's width is rounded up to: fewer graphs, little padding
@@ -209,6 +210,18 @@ def capture_refusal(method, ranks_world: int, shards: int) -> str | None:
     if ranks_world > 1 or shards > 1:
         return "data-parallel steps (several processes or data.shards > 1) run eagerly"
     return None
+
+
+def replayed_or_none(replay, *args, what: str = "the step") -> Tensor | None:
+    """`replay(*args)`, or None with a note where recording fails: the caller then runs its steps
+    eagerly. Running out of memory is raised, as an eager step's would be."""
+    try:
+        return replay(*args)
+    except Exception as err:
+        if is_out_of_memory(err):
+            raise
+        note(f"recording {what} failed ({type(err).__name__}: {first_line(err)})")
+        return None
 
 
 def note(reason: str) -> None:

@@ -33,12 +33,10 @@ from torch.func import functional_call, vmap
 
 from lengthgen.config.schedules import curriculum_end
 from lengthgen.config.schema import flat, to_dict
-from lengthgen.errors import first_line
 from lengthgen.model.compiling import compiled_whole
-from lengthgen.runtime.resources import is_out_of_memory
 from lengthgen.runtime.run_folders import run_lock
 from lengthgen.tasks import Batch
-from lengthgen.training.captured import CapturedSteps, capture_refusal, note, padded, shape_of
+from lengthgen.training.captured import CapturedSteps, capture_refusal, padded, replayed_or_none, shape_of
 from lengthgen.training.trainer import Trainer, check_is_folder, trainer_for
 
 
@@ -163,14 +161,10 @@ class StackedSteps:
             for group in opt.param_groups:
                 group["lr"] = lr
         if self.captured is not None:
-            try:
-                return self.captured.stacked(batches, lr)
-            except Exception as err:
-                if is_out_of_memory(err):
-                    raise
-                first = first_line(err)
-                note(f"recording the stacked step failed ({type(err).__name__}: {first})")
-                self.captured = None
+            loss = replayed_or_none(self.captured.stacked, batches, lr, what="the stacked step")
+            if loss is not None:
+                return loss
+            self.captured = None
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         width, iterations, _ = step_shape(self.method, batches)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from lengthgen.assembly import Run, assemble_saved, assembled
 from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from lengthgen.config.schema import Config, TrainConfig, to_dict, to_toml
-from lengthgen.errors import ResourceError, TrainingDiverged, UserError, first_line, path_problem
+from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
 from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
 from lengthgen.runtime import checkpoint
@@ -37,7 +37,7 @@ from lengthgen.tasks import Batch, Task
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training import trackers
 from lengthgen.training.distributed import Ranks, no_sync, shard_seed
-from lengthgen.training.captured import CapturedSteps, capture_refusal, note
+from lengthgen.training.captured import CapturedSteps, capture_refusal, note, replayed_or_none
 from lengthgen.training.finite_set import FiniteSet, training_set
 from lengthgen.training.run_state import RunState
 
@@ -188,15 +188,10 @@ class Trainer:
     def replayed(self, batches: list[Batch], lr: float) -> torch.Tensor | None:
         """The whole step from a CUDA graph (gradients, clipping, the optimizer): its loss, or None
         when recording fails, with a note, and every later step runs eagerly."""
-        try:
-            return self.captured(batches[0], lr)
-        except Exception as err:
-            if is_out_of_memory(err):
-                raise
-            first = first_line(err)
-            note(f"recording the step failed ({type(err).__name__}: {first})")
+        loss = replayed_or_none(self.captured, batches[0], lr)
+        if loss is None:
             self.captured = None
-            return None
+        return loss
 
     def start_capture(self) -> None:
         """Record steps as CUDA graphs where train.capture asks and the run allows, else a note."""

@@ -10,8 +10,8 @@ from lengthgen.methods.registry import METHODS
 from lengthgen.model.compiling import compilations
 from lengthgen.runtime.checkpoint import portable_state
 from lengthgen.tasks.base import sample_mixed
-from lengthgen.training.captured import (WIDTH_MULTIPLE, bucket, capture_refusal, padded, restore, shape_of,
-                                         snapshot)
+from lengthgen.training.captured import (WIDTH_MULTIPLE, bucket, capture_refusal, padded, replayed_or_none, restore,
+                                         shape_of, snapshot)
 
 TASK_OF = {"ppc": ["task.name=decimal_addition", "task.options.coupled=true"]}
 SIZE = ["model.d_model=32", "model.n_head=2", "model.n_layer=1", "task.train_max=6", "train.device=cpu"]
@@ -210,6 +210,21 @@ def test_a_step_that_fails_to_compile_is_recorded_uncompiled(monkeypatch, capsys
     with pytest.raises(ValueError):  # any other error is not a compilation's: it propagates
         monkeypatch.setattr(steps, "record", lambda *a: (_ for _ in ()).throw(ValueError("bad")))
         steps.recorded(None, 4, False)
+
+
+def test_a_step_that_fails_to_record_says_why_and_runs_eagerly(capsys):
+    def fails(*_):
+        raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
+
+    assert replayed_or_none(lambda x, y: x + y, 2, 3) == 5
+    assert replayed_or_none(fails, 1, what="the stacked step") is None
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "recording the stacked step failed (RuntimeError: operation not permitted" in err
+    for lack in (torch.OutOfMemoryError("CUDA out of memory"), MemoryError()):
+        def short(*_, lack=lack):
+            raise lack
+        with pytest.raises(type(lack)):
+            replayed_or_none(short)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
