@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 DEMO   ?= runs/demo
 
-.PHONY: install corpus demo test test-fast bench clean
+.PHONY: install corpus demo test test-fast sweep bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ test: install
 # The quick loop while editing: every test but the slow ones (runs that must learn, processes, grids).
 test-fast: install
 	$(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder -m "not slow"
+
+# The hostile sweep (tests/export/test_hostile_sweep.py): 116 bad inputs to export, the exported model,
+# the harness, report and small grids, each judged clean, ok, traceback, hang or silent; prints the table.
+sweep: install
+	$(BIN)/python -m pytest -m sweep -s -q tests/export/test_hostile_sweep.py
 
 bench: install
 	$(BIN)/python benchmarks/data_generation.py

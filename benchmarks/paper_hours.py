@@ -50,7 +50,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lengthgen.assembly import assemble
 from lengthgen.model import compiling
-from lengthgen.reproduce import grid as grids
+from lengthgen.reproduction import grid as grids
 from lengthgen.training.captured import CapturedSteps
 from lengthgen.training.distributed import MethodLoss
 from lengthgen.training.run_state import decay_params

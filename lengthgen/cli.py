@@ -60,10 +60,8 @@ def cmd_corpus(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from lengthgen.assembly import assemble
+    from lengthgen import api
     from lengthgen.training.distributed import Ranks
-    from lengthgen.evaluation.during_training import training_tests
-    from lengthgen.training.trainer import train
 
     main_process = Ranks.from_env().main  # under torchrun, one process speaks for the run
     if args.resume and args.preset is not None:
@@ -73,50 +71,25 @@ def cmd_train(args) -> None:
         raise UserError("--resume needs the run folder: lengthgen train --resume --out RUN_DIR")
     if args.resume and args.set:
         raise UserError("--set cannot change a run being resumed; its saved config is used")
-    run = assemble(args.preset, args.set)
-    cfg = run.cfg
-    folder = Path(args.out) if args.out else Path("runs") / f"{Path(args.preset).stem if args.preset else 'run'}-s{cfg.train.model_seed}"
+    if args.defaults and args.preset is not None:
+        raise UserError(f"--defaults trains the schema's defaults; it takes no preset ({args.preset})")
+    out = args.out
+    if out is None and (args.preset or args.defaults):  # the folder is said before training starts
+        from lengthgen.config.schema import read
+        out = api.default_folder(args.preset, read(args.preset, args.set).train.model_seed)
+    if main_process and out is not None:
+        print(f"run folder: {out}")
+    run = api.train(args.preset, args.set, out=out, resume=args.resume, force=args.force,
+                    progress=not args.no_progress, plugins=args.plugin, defaults=args.defaults)
     if main_process:
-        print(f"run folder: {folder}")
-    summary = train(run, folder, resume=args.resume, force=args.force, progress=not args.no_progress,
-                    hooks=training_tests)
-    if main_process:
-        print(f"finished at step {summary['step']} on {summary['device']}; evaluate with: lengthgen eval {folder}")
+        print(f"finished at step {run.summary['step']} on {run.summary['device']}; evaluate with: lengthgen eval {out}")
 
 
 def cmd_eval(args) -> None:
-    from lengthgen.config.schema import MAX_EVAL_SEED, parse_lengths, parse_sweep
-    from lengthgen.evaluation.evaluate import evaluate_run, latest_state, run_folder
+    from lengthgen import api
+    from lengthgen.config.schema import parse_sweep
     from lengthgen.results.rows import COLUMNS, format_table, is_label, metric_names
 
-    if args.samples is not None and args.samples < 1:
-        raise UserError(f"--samples must be >= 1, got {args.samples}")
-    if args.seed is not None and not 0 <= args.seed < MAX_EVAL_SEED:
-        raise UserError(f"--seed must be in [0, 2**40), as eval.seed, got {args.seed}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.position_draws is not None and not 1 <= args.position_draws <= 1000:
-        raise UserError(f"--position-draws must be in [1, 1000], got {args.position_draws}")
-    if args.stop:  # loop counts past any run's need (stop_rules.MAX_STEPS) refused before the run is loaded
-        from lengthgen.methods.looped.stop_rules import parse_rule
-        try:
-            for stop in args.stop.split(","):
-                parse_rule(stop)
-        except ValueError as err:
-            raise UserError(str(err)) from None
-    draws = args.position_draws if args.position_draws is not None and args.position_draws > 1 else None
-    if args.lengths is None or args.samples is None or args.stop or args.per_step or draws:
-        run, folder = latest_state(args.run)[2], run_folder(args.run)  # what the options need of the run
-        cfg = run.cfg
-        for flag, given in (("--stop", args.stop), ("--per-step", args.per_step)):
-            if given and not run.method.has_stop_rules:
-                raise UserError(f"{flag} applies to methods with stop rules (looped); {folder} was trained with method {cfg.method!r}")
-        if draws and not run.transform.random_at_evaluation:
-            raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
-                            f"(randomized); {folder} was trained with {cfg.data.position_transform!r}")
-        args.lengths = cfg.eval.lengths if args.lengths is None else args.lengths
-        args.samples = cfg.eval.samples if args.samples is None else args.samples
-    stops = args.stop.split(",") if args.stop else None
     sweep = None
     if args.sweep:
         sweep = {}
@@ -125,10 +98,10 @@ def cmd_eval(args) -> None:
                 raise UserError(f"--sweep expects OPTION=[VALUES], e.g. --sweep 'symbols=[5, 10]', got {text!r}")
             key, values = parse_sweep(text)
             sweep[key] = values
-    rows = evaluate_run(Path(args.run), parse_lengths(args.lengths), args.samples, args.batch_size,
-                        args.seed, stops=stops, per_step=args.per_step, progress=not args.no_progress, sweep=sweep,
-                        out=Path(args.out) if args.out else None, position_draws=args.position_draws,
-                        compile=True if args.compile else None)
+    rows = api.evaluate(args.run, args.lengths, args.samples, stops=args.stop.split(",") if args.stop else None,
+                        batch_size=args.batch_size, seed=args.seed, per_step=args.per_step, sweep=sweep,
+                        position_draws=args.position_draws, compile=args.compile, out=args.out,
+                        progress=not args.no_progress)
     swept = [k for k in rows[0] if k not in COLUMNS and not is_label(k) and k not in metric_names(rows[0])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731
     for key in dict.fromkeys(map(group, rows)):  # one table per rule (and swept values), in the order given
@@ -144,31 +117,17 @@ def cmd_eval(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from lengthgen.reporting.report import write_report
+    from lengthgen import api
 
-    first = Path(args.dirs[0])
-    out = Path(args.out or (first.parent if first.is_file() else first))  # RUN/eval.csv -> RUN
-    command = shlex.join(["lengthgen", "report", *args.dirs] + (["--out", args.out] if args.out else []))
-    from lengthgen.reporting.report import DEFAULT_LAYOUT
-    figures = DEFAULT_LAYOUT["figures"] + [{"kind": "heatmap", "y": y} for y in args.heatmap] + \
-        ["training_curves"] * args.curves + \
-        ([{"kind": "gain_by_sparsity", "reference": args.gain_reference}] if args.gain_reference else []) + \
-        ([{"kind": "across_tasks", "rows": args.across_tasks.split(",")}] if args.across_tasks else [])
-    command = shlex.join(shlex.split(command) + [a for y in args.heatmap for a in ("--heatmap", y)] +
-                         ["--curves"] * args.curves + (["--gain-reference", args.gain_reference]
-                                                       if args.gain_reference else [])
-                         + (["--across-tasks", args.across_tasks] if args.across_tasks else [])
-                         + (["--compare", args.compare] if args.compare else [])
-                         + (["--threshold", f"{args.threshold:g}"] if args.threshold is not None else []))
-    stats = {"compare": [args.compare] if args.compare else [],
-             **({"threshold": args.threshold} if args.threshold is not None else {})}
-    path = write_report(args.dirs, out, command=command, layout={"figures": figures, **stats})
-    print(path.read_text())
-    print(f"wrote {path}, {out / 'results.csv'} and the figures beside them")
+    report = api.report(args.dirs, args.out, heatmaps=args.heatmap, curves=args.curves,
+                        gain_reference=args.gain_reference, across_tasks=args.across_tasks, compare=args.compare,
+                        threshold=args.threshold)
+    print(report.text)
+    print(f"wrote {report.path}, {report.folder / 'results.csv'} and the figures beside them")
 
 
 def cmd_reproduce(args) -> None:
-    from lengthgen.reproduce.grid import describe
+    from lengthgen.reproduction.grid import describe
 
     if args.list:
         print(describe(), end="")
@@ -178,29 +137,25 @@ def cmd_reproduce(args) -> None:
     if args.arms is not None and args.methods is not None:
         raise UserError("--methods is another name for --arms; give one of them")
     check_reproduce_flags(args)
-    split = lambda text: None if text is None else [t.strip() for t in text.split(",") if t.strip()]  # noqa: E731
-    tasks, arms = split(args.tasks), split(args.arms if args.methods is None else args.methods)
-    for kind, given in (("tasks", tasks), ("arms", arms)):
-        if given == []:  # "--tasks ,": refused rather than read as "all of them"
-            raise UserError(f"--{kind} names no {kind[:-1]}; leave it out to run the default ones")
     axes = {}
     for text in args.axis:  # KEY=V1,V2: the values as a folder name spells them
         key, _, values = text.partition("=")
         if not key.strip() or not _:
             raise UserError(f"--axis expects KEY=VALUE[,VALUE...], e.g. --axis model.position=rope,xpos, got {text!r}")
         axes[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
-    from lengthgen.reproduce.runner import reproduce  # (--list and a refused flag do without it)
+    from lengthgen import api  # (--list and a refused flag do without it)
     try:
-        path = reproduce(args.paper, args.scale, args.seeds, tasks, arms, Path(args.out) if args.out else None,
-                         args.workers, args.samples, progress=not args.no_progress, extra=args.set,
-                         threads=args.threads, backend=args.backend, address=args.address,
-                         gpus_per_job=args.gpus_per_job, axes=axes, stack_seeds=args.stack_seeds)
+        report = api.reproduce(args.paper, tasks=args.tasks, arms=args.arms if args.methods is None else args.methods,
+                               seeds=args.seeds, scale=args.scale, out=args.out, workers=args.workers,
+                               threads=args.threads, samples=args.samples, overrides=args.set, axes=axes,
+                               plugins=args.plugin, progress=not args.no_progress, stack_seeds=args.stack_seeds,
+                               backend=args.backend, address=args.address, gpus_per_job=args.gpus_per_job)
     except RunsFailed as err:  # the others' report first, then the one line that says the grid is incomplete
         if err.report is not None:
             print(err.report.read_text())
         raise
-    print(path.read_text())
-    print(f"wrote {path} (with results.csv and figures beside it)")
+    print(report.text)
+    print(f"wrote {report.path} (with results.csv and figures beside it)")
 
 
 def check_reproduce_flags(args) -> None:
@@ -234,20 +189,58 @@ def check_reproduce_flags(args) -> None:
             if key in PER_RUN_KEYS:
                 raise UserError(f"--set {key} is set per run by reproduce; use {PER_RUN_KEYS[key]} instead")
     if args.backend == "ray":  # last: reaching a cluster may take seconds
-        from lengthgen.reproduce.ray_runner import check_address, require
+        from lengthgen.reproduction.ray_runner import check_address, require
         if args.address is not None:
             check_address(args.address)
         require()  # a one-line error naming the extra, before anything is planned or written
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lengthgen", description="Train on short inputs, test on long ones.")
-    sub = p.add_subparsers(dest="command", required=True)
-    from lengthgen.export.command import add_export_command
+    from lengthgen import __version__
 
+    p = argparse.ArgumentParser(prog="lengthgen", description="Train on short inputs, test on long ones.")
+    p.add_argument("--version", action="version", version=f"lengthgen {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
     for add in (add_setup_commands, add_eval_command, add_report_command, add_reproduce_command, add_export_command):
         add(sub)
+    for command in sub.choices.values():  # every command imports the user's plugins before it assembles anything
+        command.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+                             help="import a plugin first: a module (my_pkg.schemes) or a .py file that registers "
+                                  "schemes, tasks, methods, stop rules or transforms (docs/api.md); repeatable; "
+                                  "recorded in the runs it trains")
     return p
+
+
+def add_export_command(sub) -> None:
+    x = sub.add_parser("export", help="a finished run as a Hugging Face folder (docs/export.md)")
+    x.add_argument("run", help="run folder")
+    x.add_argument("--out", required=True, help="the folder to write (new, or an earlier export with --force)")
+    x.add_argument("--force", action="store_true", help="replace an earlier export in --out (it deletes only the "
+                   "files that export wrote: a folder holding anything else, eval.csv included, is refused)")
+    x.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> None:
+    from lengthgen import api
+
+    notes = api.export(args.run, args.out, force=args.force)
+    for note in notes:  # what the Hugging Face side cannot express, one line each
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {args.out}: load it with AutoModelForCausalLM.from_pretrained({str(args.out)!r}, trust_remote_code=True)")
+
+
+def cmd_presets(args) -> None:
+    from lengthgen import api
+
+    chosen = [p for p in api.presets() if args.paper in (None, p.paper)]
+    if not chosen:
+        papers = sorted({p.paper for p in api.presets()})
+        raise UserError(f"no bundled presets of {args.paper!r}; papers: {', '.join(papers)}")
+    width = max(len(p.name) for p in chosen)
+    print(f"{'preset':<{width}}  {'paper':<12} {'scale':<6} task")
+    for p in chosen:
+        print(f"{p.name:<{width}}  {p.paper:<12} {p.scale or '-':<6} {p.task}")
+    print(f"{len(chosen)} presets; train one with: lengthgen train {chosen[0].name}")
 
 
 def add_setup_commands(sub) -> None:
@@ -264,8 +257,13 @@ def add_setup_commands(sub) -> None:
     c.add_argument("--vocab-size", type=int, default=0, help="BPE vocabulary size")
     c.add_argument("--max-documents", type=int, default=0, help="at most this many documents per split (0 = all)")
     c.set_defaults(func=cmd_corpus)
+    ps = sub.add_parser("presets", help="list the bundled presets (paper, scale, task) that train takes by name")
+    ps.add_argument("paper", nargs="?", help="only this paper's presets (e.g. looped)")
+    ps.set_defaults(func=cmd_presets)
     tr = sub.add_parser("train", help="train one run")
-    tr.add_argument("preset", nargs="?", help="TOML preset, e.g. experiments/core/parity-ntp.toml")
+    tr.add_argument("preset", nargs="?", help="a bundled preset's name (looped/cpu/parity; `lengthgen presets` "
+                    "lists them) or a TOML file, e.g. experiments/core/parity-ntp.toml")
+    tr.add_argument("--defaults", action="store_true", help="train the schema's defaults, with no preset")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.n_layer=3")
     tr.add_argument("--out", help="run folder (default runs/<preset>-s<seed>)")
     tr.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint "
@@ -368,6 +366,8 @@ def add_reproduce_command(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        from lengthgen.plugins import load as load_plugins
+        load_plugins(args.plugin)  # before any command reads a registry: `lengthgen tasks --plugin x.py` lists its tasks
         args.func(args)
         sys.stdout.flush()  # here, where a reader gone (a broken pipe) is caught, not at exit
     except (UserError, TrainingDiverged, ResourceError, RunsFailed) as err:

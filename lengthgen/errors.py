@@ -13,6 +13,11 @@ class ConfigError(UserError, ValueError):
     """A bad config key or value; the message names the key."""
 
 
+class PluginError(ConfigError):
+    """A plugin that cannot be imported, or a part it registers under a name already held; the
+    message names the plugin (its module or file) and the first line of its error."""
+
+
 class TrainingDiverged(Exception):
     """The loss became NaN or inf; the last good checkpoint is kept. Exit code 1."""
 

@@ -29,6 +29,26 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+@pytest.fixture
+def registries():
+    """The registries as they were before the test: the parts a test's plugins registered are removed
+    after it, and its plugin modules forgotten, so the next test that names them imports them again
+    (tests share worker processes: a scheme left registered would show in another file's listings)."""
+    from lengthgen import api, plugins, register
+
+    tables = [register.SCHEMES, register.TASKS, register.METHODS, register.STOP_RULES, register.TRANSFORMS]
+    api.load_config(None, ["task.name=copy"])  # every home imported: the built-ins are in
+    saved, loaded = [dict(t) for t in tables], dict(plugins._loaded)
+    yield
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before)
+    for spec in set(plugins._loaded) - set(loaded):
+        sys.modules.pop(getattr(plugins._loaded[spec], "__name__", ""), None)
+    plugins._loaded.clear()
+    plugins._loaded.update(loaded)
+
+
 # The helpers beside this file (tiny_runs, toy_papers, golden, task_checks, preset_tables) are
 # imported by name from the test files in the subfolders, which mirror the package's layers.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

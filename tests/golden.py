@@ -32,7 +32,7 @@ def run(family: str, folder: Path) -> dict:
     from lengthgen.cli import main
 
     sets = [f"--set={s}" for s in TINY + FAMILIES[family]]
-    assert main(["train", *sets, "--out", str(folder), "--no-progress"]) == 0
+    assert main(["train", "--defaults", *sets, "--out", str(folder), "--no-progress"]) == 0
     assert main(["eval", str(folder), "--no-progress"]) == 0
     losses = [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(line)]

@@ -17,13 +17,13 @@ from lengthgen.config.schema import Config
 from lengthgen.methods.registry import METHODS
 from lengthgen.model.position_transforms import TRANSFORMS
 from lengthgen.model.positions import SCHEMES
-from lengthgen.reproduce import grid as grids
+from lengthgen.reproduction import grid as grids
 from lengthgen.tasks import TASKS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lengthgen"
 # bottom to top; a module belongs to the first prefix it starts with
 LAYERS = [
-    ["lengthgen.errors"],
+    ["lengthgen.errors", "lengthgen.register", "lengthgen.plugins"],  # the registries (filled from above) and plugins
     ["lengthgen.config"],  # plain data: the keys, their types and defaults, each section's own checks; schedules of the step
     ["lengthgen.results"],  # plain files: evaluation rows, the training log, per-token files
     ["lengthgen.tasks"],
@@ -35,19 +35,21 @@ LAYERS = [
     ["lengthgen.evaluation"],
     ["lengthgen.export"],  # a finished run as a Hugging Face folder; reading one back is runtime's (exported.py)
     ["lengthgen.reporting"],
-    ["lengthgen.reproduce"],
+    ["lengthgen.reproduction"],
+    ["lengthgen.api"],  # what the commands do, as functions: the CLI is a thin layer over it
     ["lengthgen.cli", "lengthgen.__main__"],
 ]
 # what a report may load: no model code (no torch), so reading results stays fast and light
 REPORTING_READS = ("lengthgen.errors", "lengthgen.config.schema", "lengthgen.config.upgrade", "lengthgen.results",
-                   "lengthgen.runtime.run_folders", "lengthgen.reporting")
+                   "lengthgen.runtime.run_folders", "lengthgen.reporting",
+                   "lengthgen.config.presets", "lengthgen.plugins")  # the schema's: a folder's path, a plugin's path
 # the two drawings made from a checkpoint or a corpus, which load what they need when drawn
 DRAWN_FROM_A_RUN = {("figures.py", "plot_attention"), ("gain.py", "example_tokens")}
 # the evaluator asks a method for its read-out (Method.stops, Method.read_out): only methods/ knows the looped family
 LOOPED = "lengthgen.methods.looped"
-NO_NAMES = ["results/rows.py", "reproduce/grid.py", "reproduce/runner.py", "reproduce/jobs.py", "evaluation/evaluate.py",
+NO_NAMES = ["results/rows.py", "reproduction/grid.py", "reproduction/runner.py", "reproduction/jobs.py", "evaluation/evaluate.py",
             "reporting/series.py", "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/checks.py",
-            "assembly/__init__.py", "cli.py"]
+            "assembly/__init__.py", "cli.py", "api.py", "register.py", "plugins.py"]
 
 
 def module_name(path: Path) -> str:
@@ -175,12 +177,15 @@ def reporting_loads_beyond_results(graph: dict[str, set[str]]) -> list[str]:
 def test_every_module_is_in_a_layer():
     graph = the_graph()
     assert "lengthgen.assembly" in graph["lengthgen.training.trainer"]  # the parser sees the imports
-    # the schema is plain data, at the bottom, beside the translation of earlier versions' keys (plain dicts)
-    assert graph["lengthgen.config.schema"] <= {"lengthgen.errors", "lengthgen.config.upgrade"}
-    assert graph["lengthgen.config.upgrade"] == set()
+    # the schema is plain data, at the bottom, beside the translation of earlier versions' keys (plain dicts),
+    # the bundled presets' folder, and the rule that makes a plugin file's path absolute
+    assert graph["lengthgen.config.schema"] <= {"lengthgen.errors", "lengthgen.config.upgrade", "lengthgen.config.presets",
+                                                "lengthgen.plugins"}
+    assert graph["lengthgen.config.upgrade"] == graph["lengthgen.config.presets"] == set()
+    assert graph["lengthgen.plugins"] == graph["lengthgen.register"] == {"lengthgen.errors"}
     config = {t for m, targets in graph.items() if m.startswith("lengthgen.config.") for t in targets}
-    assert config <= {"lengthgen.errors", "lengthgen.config.schema", "lengthgen.config.schedules",
-                      "lengthgen.config.dependence", "lengthgen.config.upgrade"}  # no registry
+    assert config <= {"lengthgen.errors", "lengthgen.config.schema", "lengthgen.config.schedules", "lengthgen.plugins",
+                      "lengthgen.config.dependence", "lengthgen.config.upgrade", "lengthgen.config.presets"}  # no registry
     assert [m for m in graph if layer(m) is None and m.count(".") > 0 and graph[m]] == []
 
 
@@ -200,7 +205,7 @@ def test_reporting_loads_no_model_code():
     """A report reads result files: importing reporting loads neither the model stack nor the task
     registry; only the two drawings made from a run's checkpoint or corpus load them, when drawn."""
     assert reporting_loads_beyond_results(top_level_graph()) == []
-    assert the_graph()["lengthgen.results.rows"] <= {"lengthgen.errors"}
+    assert the_graph()["lengthgen.results.rows"] <= {"lengthgen.errors", "lengthgen.config.schema"}  # the bounds of a row
     assert loads_model_code_when_called(reporting_sources()) == DRAWN_FROM_A_RUN
 
 
@@ -318,7 +323,8 @@ def test_a_planted_cycle_and_a_planted_name_fail():
 
 def test_the_tests_mirror_the_package():
     """A test file sits in the folder of the layer it tests (tests/<subpackage>/); the files at the
-    top test the whole (architecture, CLI, golden runs, bad input, scripts)."""
+    top test the whole (architecture, CLI, the Python API, plugins, examples, the wheel, golden runs,
+    bad input, scripts)."""
     layers = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     tests = PACKAGE.parent / "tests"
     folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
@@ -326,7 +332,7 @@ def test_the_tests_mirror_the_package():
     assert layers - folders <= set(), f"layers without tests: {sorted(layers - folders)}"
     top = {p.name for p in tests.glob("test_*.py")}
     assert top == {"test_architecture.py", "test_bad_input.py", "test_benchmarks.py", "test_cli.py", "test_golden.py",
-                   "test_scripts.py"}
+                   "test_scripts.py", "test_api.py", "test_plugins.py", "test_examples.py", "test_wheel.py"}
 
 
 def documented_layers(text: str) -> list[list[str]]:

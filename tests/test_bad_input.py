@@ -128,7 +128,7 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
             train(cfg, folder, progress=False)
         with pytest.raises(UserError, match="is a file, not a folder"):
             train(cfg, folder, resume=True, progress=False)
-    assert cli.main(["train", "--out", str(file), *[f"--set={s}" for s in TINY], "--no-progress"]) == 2
+    assert cli.main(["train", "--defaults", "--out", str(file), *[f"--set={s}" for s in TINY], "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lengthgen: error:") and err.count("\n") == 1
     assert file.read_text() == "keep me"

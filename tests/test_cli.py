@@ -40,8 +40,9 @@ def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["train", "missing.toml"], "does not exist"),
-    (["train", "--set=model.n_head=3"], "model.n_head"),
-    (["train", "--set=task.name=sorting"], "task.name"),
+    (["train", "--defaults", "--set=model.n_head=3"], "model.n_head"),
+    (["train", "--set=model.n_head=2"], "name a preset"),
+    (["train", "--defaults", "--set=task.name=sorting"], "task.name"),
     (["eval", "no/such/run"], "does not exist"),
     (["eval", "no/such/run", "--batch-size", "-5"], "--batch-size must be >= 1"),  # not an accuracy of 0
     (["report", "no/such/dir"], "does not exist"),
@@ -57,11 +58,11 @@ def test_train_eval_report_round_trip(tmp_path, capsys):
     runs = tmp_path / "runs"
     for seed in (0, 1):
         folder = runs / f"s{seed}"
-        assert main(["train", *TINY, f"--set=train.model_seed={seed}", "--out", str(folder), "--no-progress"]) == 0
+        assert main(["train", "--defaults", *TINY, f"--set=train.model_seed={seed}", "--out", str(folder), "--no-progress"]) == 0
         assert (folder / "config.toml").is_file()
         assert main(["eval", str(folder), "--lengths", "2:6:2", "--samples", "64", "--no-progress"]) == 0
     # an existing run folder is refused without --force
-    assert main(["train", *TINY, "--out", str(runs / "s0"), "--no-progress"]) == 2
+    assert main(["train", "--defaults", *TINY, "--out", str(runs / "s0"), "--no-progress"]) == 2
     # re-evaluating other lengths keeps the earlier rows
     assert main(["eval", str(runs / "s0"), "--lengths", "7", "--samples", "32", "--no-progress"]) == 0
     with open(runs / "s0" / "eval.csv") as f:
@@ -84,7 +85,7 @@ def test_train_eval_report_round_trip(tmp_path, capsys):
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
     folder = tmp_path / "run"
-    assert main(["train", *TINY, "--out", str(folder), "--no-progress"]) == 0
+    assert main(["train", "--defaults", *TINY, "--out", str(folder), "--no-progress"]) == 0
     latest = folder / "checkpoints" / (folder / "checkpoints" / "latest").read_text()
     weights = latest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
@@ -155,7 +156,7 @@ def test_plot_gives_each_series_one_colour_in_every_panel():
 
 def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     looped = tmp_path / "looped"
-    assert main(["train", *TINY, "--set=method=looped", "--out", str(looped), "--no-progress"]) == 0
+    assert main(["train", "--defaults", *TINY, "--set=method=looped", "--out", str(looped), "--no-progress"]) == 0
     assert main(["eval", str(looped), "--lengths", "3,5", "--samples", "16", "--stop", "fixed:2", "--no-progress"]) == 0
     assert main(["eval", str(looped), "--lengths", "3,5", "--samples", "16", "--per-step", "--no-progress"]) == 0
     with open(looped / "eval.csv") as f:
@@ -183,7 +184,7 @@ def test_eval_stop_rules_and_per_step(tmp_path, capsys):
     assert main(["eval", str(looped), "--stop", "sometimes", "--no-progress"]) == 2
     assert "stop rule 'sometimes'" in capsys.readouterr().err
     ntp = tmp_path / "ntp"
-    assert main(["train", *TINY, "--out", str(ntp), "--no-progress"]) == 0
+    assert main(["train", "--defaults", *TINY, "--out", str(ntp), "--no-progress"]) == 0
     assert main(["eval", str(ntp), "--stop", "oracle", "--no-progress"]) == 2
     assert "methods with stop rules" in capsys.readouterr().err
     # the CLI checks its options against the run, before evaluating
@@ -205,7 +206,7 @@ def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):
     for other in sets[1:]:
         assert all(torch.equal(getattr(sets[0], k), getattr(other, k)) for k in ("inputs", "targets", "n_steps"))
     run = tmp_path / "mult"
-    assert main(["train", *TINY, "--set=task.name=multiplication", "--set=method=looped", "--out", str(run),
+    assert main(["train", "--defaults", *TINY, "--set=task.name=multiplication", "--set=method=looped", "--out", str(run),
                  "--no-progress"]) == 0
     accuracies = []
     for bs in ("7", "256", "1000"):
@@ -220,7 +221,7 @@ def test_test_set_does_not_depend_on_the_eval_batch_size(tmp_path):
 @pytest.fixture
 def tiny_run(tmp_path):
     folder = tmp_path / "run"
-    assert main(["train", *TINY, "--out", str(folder), "--no-progress"]) == 0
+    assert main(["train", "--defaults", *TINY, "--out", str(folder), "--no-progress"]) == 0
     return folder
 
 
@@ -283,7 +284,7 @@ def test_a_reader_that_leaves_early_gets_silence_not_an_error():
 
 def test_reproduce_with_failed_runs_prints_the_others_report_and_exits_1(tmp_path, monkeypatch, capsys):
     from lengthgen.errors import RunsFailed
-    from lengthgen.reproduce import runner
+    from lengthgen.reproduction import runner
 
     report = tmp_path / "report.md"
     report.write_text("# the report of the runs that finished\n")

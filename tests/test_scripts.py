@@ -28,7 +28,7 @@ def runs(tmp_path_factory):
                                       ("mult-ntp", "multiplication", "ntp", []), ("add", "addition", "looped", learn),
                                       ("table", "parity", "ntp", ["--set=model.position=learned",
                                                                   "--set=model.max_positions=16"])]:
-        assert main(["train", *TINY, *extra, f"--set=task.name={task}", "--set=task.train_max=4",
+        assert main(["train", "--defaults", *TINY, *extra, f"--set=task.name={task}", "--set=task.train_max=4",
                      f"--set=method={method}", "--out", str(root / name)]) == 0
     return root
 

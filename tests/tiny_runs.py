@@ -14,7 +14,7 @@ def tiny(*extra: str):
 
 
 def train_cli(out, *extra: str) -> int:
-    return main(["train", *[f"--set={s}" for s in TINY], "--out", str(out), "--no-progress", *extra])
+    return main(["train", "--defaults", *[f"--set={s}" for s in TINY], "--out", str(out), "--no-progress", *extra])
 
 
 def error_lines(err: str) -> list[str]:
@@ -28,3 +28,22 @@ def one_line_error(capsys) -> str:
     lines = error_lines(err)
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
+
+
+def killed_after(command: list[str], folder, step: int = 50, timeout: float = 120) -> int:
+    """Start a `train` command, kill it (SIGKILL, as a crash) once its checkpoint of `step` or later
+    is written; returns the step of its latest checkpoint then."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pointer = Path(folder) / "checkpoints" / "latest"
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (pointer.exists() and pointer.read_text() >= f"step_{step:08d}"):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return int(pointer.read_text().split("_")[1])

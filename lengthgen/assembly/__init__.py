@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lengthgen.config.checks import built, check, check_choice, check_options, rule, validate
 from lengthgen.config.schema import Config, ModelConfig, TrainTestsConfig, from_data, option_combinations, parse_lengths, read
-from lengthgen.errors import ConfigError
+from lengthgen.errors import ConfigError, PluginError
 from lengthgen.methods.looped.stop_rules import parse_rule
 from lengthgen.methods.registry import METHODS, Method, get_method
 from lengthgen.model.position_transforms import TRANSFORMS, PositionTransform, base_ids, build_transform, real_columns
@@ -23,6 +23,7 @@ from lengthgen.model.positions import SCHEMES
 from lengthgen.model.rope_scaling import AS_TRAINED, SCALINGS
 from lengthgen.model.rotary import RoPE
 from lengthgen.model.transformer import INITS, MLPS, NORMS, RESIDUALS  # the registries the block is built from
+from lengthgen.plugins import load as import_plugins
 from lengthgen.tasks import TASKS, Task, TrailingPad, get_task, task_of
 
 POSITION_SWEEP = ("position.scaling", "position.factor")  # eval.sweep keys of RoPE stretched at test time
@@ -50,7 +51,11 @@ def assemble_saved(source: str | Path | dict, holder: Path | None = None) -> Run
     was trained: no default is added. `holder`: the file the dict was read from (a checkpoint's
     state.json), named in the message of a bad config."""
     try:
-        return checked(from_data(source) if isinstance(source, dict) else read(source))
+        cfg = from_data(source) if isinstance(source, dict) else read(source)
+        import_plugins(cfg.plugins, f" (recorded in {holder or source})" if holder or not isinstance(source, dict) else "")
+        return checked(cfg)
+    except PluginError:
+        raise
     except ConfigError as err:
         if holder is None:
             raise
@@ -60,6 +65,7 @@ def assemble_saved(source: str | Path | dict, holder: Path | None = None) -> Run
 def assembled(cfg: Config) -> Run:
     """The parts of a config checked before (a reproduction's job carries the config its plan
     checked), built without checking it again."""
+    import_plugins(cfg.plugins)  # a worker process (spawned, or on Ray) imports the run's plugins before building its parts
     d = cfg.data
     run = Run(cfg, task_of(cfg.task), get_method(cfg.method, cfg), SCHEMES[cfg.model.position],
               build_transform(d.position_transform, d.position_transform_options))
@@ -68,7 +74,9 @@ def assembled(cfg: Config) -> Run:
 
 
 def checked(cfg: Config) -> Run:
-    """`cfg` checked section by section, then against the registries, each part built once."""
+    """`cfg` checked section by section, then against the registries (its plugins loaded first), each
+    part built once."""
+    import_plugins(cfg.plugins)  # (and every installed one), once per process: registered before any name is read
     validate(cfg)
     check_names(cfg)
     task = checked_task(cfg)

@@ -38,7 +38,8 @@ def check_options(key: str, options: dict, cls: type, owner: str, skip: tuple[st
 
 def check_choice(key: str, value, choices) -> None:
     """`value` is one of `choices` (a registry or a tuple), else a message naming the close ones."""
-    check(value in choices, f"{key} {value!r} is unknown{_hint(value, choices)}; choose from {', '.join(choices)}")
+    where = choices.unknown() if hasattr(choices, "unknown") else ""  # a registry: where a plugin's name comes from
+    check(value in choices, f"{key} {value!r} is unknown{_hint(value, choices)}; choose from {', '.join(choices)}{where}")
 
 
 def rule(variant_check) -> None:

@@ -22,7 +22,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from lengthgen.config.upgrade import MOVED, upgrade
+from lengthgen.config.presets import preset_path
 from lengthgen.errors import ConfigError, path_problem
+from lengthgen.plugins import resolved
 
 
 
@@ -165,6 +167,9 @@ class EvalConfig:
 @dataclass
 class Config:
     method: str = "ntp"  # training and prediction recipe, see lengthgen.methods.registry
+    # modules or .py files that register parts (lengthgen.plugins), imported before the config is checked;
+    # a file relative to the preset that names it, recorded in a run folder as an absolute path
+    plugins: list = field(default_factory=list)
     # the method's own settings, keywords of its constructor (ppc: id_loss_weight; looped-halt: halt_loss_weight)
     method_options: dict = field(default_factory=dict)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -246,9 +251,10 @@ def read(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
     against the registries (lengthgen.assembly.assemble does both)."""
     cfg = Config()
     if preset is not None:
-        path = Path(preset)
+        path = preset_path(preset)  # a path, or the name of a bundled preset (looped/cpu/parity)
         if not path.is_file():  # missing, a folder, a FIFO, /dev/zero: said as what it is
-            raise ConfigError(f"config file {path} {path_problem(path, 'TOML file')}")
+            bundled = "" if path.exists() else " (nor is it a bundled preset: `lengthgen presets` lists them)"
+            raise ConfigError(f"config file {path} {path_problem(path, 'TOML file')}{bundled}")
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
@@ -260,8 +266,15 @@ def read(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
         except RecursionError:  # tomllib recurses per level of nesting
             raise ConfigError(f"{path} is nested too deeply to read; {TOO_DEEP}") from None
         _apply(cfg, upgrade(data))
+        cfg.plugins = [resolved(spec, path.parent) for spec in cfg.plugins]  # a file relative to its preset
+    return with_overrides(cfg, overrides)
+
+
+def with_overrides(cfg: Config, overrides: list[str] = ()) -> Config:
+    """`cfg` with --set overrides applied (in place), a plugin file they name relative to the current folder."""
     for text in overrides:
         _apply(cfg, parse_override(text))
+    cfg.plugins = [resolved(spec) for spec in cfg.plugins]
     return cfg
 
 
@@ -362,7 +375,8 @@ def toml_value(value) -> str:
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML, loadable again as a preset."""
     data = to_dict(cfg)
-    lines = [f"method = {toml_value(data.pop('method'))}"]
+    plugins = data.pop("plugins")  # written only where a run has plugins: other runs' files stay as they were
+    lines = [f"method = {toml_value(data.pop('method'))}"] + ([f"plugins = {toml_value(plugins)}"] if plugins else [])
     for section, values in data.items():
         lines.append(f"\n[{section}]")
         lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]

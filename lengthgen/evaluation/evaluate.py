@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from lengthgen.assembly import Run, assemble_saved, check_sweep
 from lengthgen.config.schema import Config, TrainConfig, option_combinations
 from lengthgen.errors import ResourceError, UserError, path_problem
+from lengthgen.evaluation.bounds import check_stop_bounds
 from lengthgen.evaluation.position_scaling import Stretcher, split_options, with_factor
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
@@ -238,6 +239,7 @@ def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: in
         stops = method.stops(stops)  # each rule once, checked against the method (a halting head)
     except ValueError as err:
         raise UserError(str(err)) from None
+    check_stop_bounds(stops, task, [cfg.task.train_max, *lengths])  # no count past what the run could need
     own = task.metric_names + method.metric_names  # the row's own metric columns, named in its `metrics` cell
     sweep, variants = swept_tasks(cfg, task, sweep, [*own, *labels])
     device = next(model.parameters()).device

@@ -23,9 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lengthgen.errors import UserError
+from lengthgen.config.schema import DEVICE_PATTERN, parse_lengths
+from lengthgen.errors import ResourceError, UserError
+from lengthgen.evaluation.bounds import TOKEN_FACTOR, check_count
 from lengthgen.evaluation.evaluate import load_assembled
 from lengthgen.runtime.devices import pick_device
+from lengthgen.runtime.resources import available_memory
 from lengthgen.tasks import EOS, IGNORE, PAD, Batch
 
 try:
@@ -37,27 +40,72 @@ except ImportError:  # without the `harness` extra the module still imports; mai
 INSTALL = "lm_eval is not installed: pip install 'lengthgen[harness]'"
 
 
+def checked_device(device: str | None) -> torch.device:
+    """The device lm_eval's --device names, refused in one line where it is not lengthgen's form or
+    this machine lacks it (cuda without CUDA); None: the CPU."""
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
+        raise UserError(f"--device {device!r} is not a device lengthgen runs on: cpu, cuda, cuda:N, mps or auto")
+    try:
+        return pick_device(device)
+    except UserError as err:
+        raise UserError(str(err).replace("train.device", "--device")) from None
+
+
 def load_text_run(run: str, device: str | None = None):
     """(run, model) of a text run folder or export; anything else is a one-line UserError."""
     if not run:
         raise UserError("--model_args needs run=RUN (a text run folder or a folder of `lengthgen export`)")
-    assembled, model, _ = load_assembled(Path(run), torch.device(device) if device else torch.device("cpu"))
+    assembled, model, _ = load_assembled(Path(str(run)), checked_device(device))
     if getattr(assembled.task, "corpus", None) is None:
         raise UserError(f"{run} is a run of the {assembled.cfg.task.name!r} task: the lm_eval model scores "
                         f"text runs only (task.name = text)")
     return assembled, model
 
 
+LM_EVAL_GEN_TOKS = 256  # lm_eval's own default max_gen_toks: generation may always go that far
+GEN_WHY = f": lm_eval's default {LM_EVAL_GEN_TOKS}, or {TOKEN_FACTOR} x the longest window it was trained or is evaluated at"
+
+
+def generation_cap(run) -> int:
+    """The most tokens one generation may ask for: lm_eval's default, or the window cap where wider."""
+    return max(LM_EVAL_GEN_TOKS, window_cap(run))
+
+
+def window_cap(run) -> int:
+    """The widest window a text run could need: TOKEN_FACTOR x the longest window it was trained or is
+    evaluated at (eval.lengths), for lengthgen's perplexity at 32x the training window included."""
+    lengths = [run.cfg.task.train_max]
+    try:
+        lengths += parse_lengths(run.cfg.eval.lengths)
+    except ValueError:
+        pass
+    return TOKEN_FACTOR * max(lengths)
+
+
 class TextScorer:
     """Token log-probabilities of a text run: the part of the lm_eval model that needs no lm_eval."""
 
-    def __init__(self, run: str, device: str | None = None, batch_size: int = 8, window: int = 0):
+    def __init__(self, run: str, device: str | None = None, batch_size: int = 8, window: int | None = None):
         self.run, self.model = load_text_run(run, device)
-        self.folder = Path(run)
+        self.folder = Path(str(run))
         self.device = next(self.model.parameters()).device
-        self.batch_size = max(1, int(batch_size))
-        self.window = int(window) or self.run.cfg.task.train_max  # lengthgen's training window
+        train_window = self.run.cfg.task.train_max  # lengthgen's training window, the default
+        self.window = check_count("window", train_window if window is None else window, window_cap(self.run),
+                                  f": {TOKEN_FACTOR} x the longest window it was trained or is evaluated at")
+        self.batch_size = check_count("batch_size", batch_size, self.batch_cap(),
+                                      f" rows of {self.window} tokens in this machine's free memory")
         self._bpe = None
+
+    def batch_cap(self) -> int | None:
+        """The most rows of `window` tokens whose logits and activations fit the device's free memory."""
+        have = available_memory(self.device)
+        if have is None:
+            return None
+        cfg = self.run.cfg.model
+        per_row = 4 * self.window * (self.run.task.vocab_size + 16 * cfg.d_model * max(1, cfg.n_layer))
+        return max(1, have // per_row)
 
     def encode(self, text: str) -> np.ndarray:
         corpus = self.run.task.corpus
@@ -159,16 +207,21 @@ def rows_batch(rows: list[np.ndarray], scored: list[int]) -> Batch:
 
 
 class LengthgenLM(LM):
-    """lm_eval's model "lengthgen": model_args run=RUN [device=cpu] [batch_size=8] [window=W]."""
+    """lm_eval's model "lengthgen": model_args run=RUN [window=W] [max_gen_toks=N], and lm_eval's
+    --device and --batch_size ("auto": 8). Each is checked: a key it does not take, a count that is not
+    a positive integer or is past what the run could need, a device the machine lacks, one line each."""
 
-    def __init__(self, run: str = "", device: str | None = None, batch_size: int | str = 8, window: int = 0,
-                 max_gen_toks: int = 256, **_ignored):
+    def __init__(self, run: str = "", device: str | None = None, batch_size: int | str = 8, window: int | None = None,
+                 max_gen_toks: int = 256, max_batch_size: int | None = None, **unknown):
         super().__init__()
+        if unknown:
+            raise UserError(f"--model_args has no key {sorted(unknown)[0]!r}; the lengthgen model takes run, window "
+                            "and max_gen_toks (and lm_eval's --device and --batch_size)")
         if device is None:
             device = str(pick_device("auto"))
-        batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
-        self.scorer = TextScorer(run, device, batch_size, int(window))
-        self.max_gen_toks = int(max_gen_toks)
+        batch_size = 8 if str(batch_size).startswith("auto") else batch_size
+        self.scorer = TextScorer(run, device, batch_size, window)
+        self.max_gen_toks = check_count("max_gen_toks", max_gen_toks, generation_cap(self.scorer.run), GEN_WHY)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         return self.scorer.conditional([self.scorer.pair(*r.args) for r in requests])
@@ -182,7 +235,9 @@ class LengthgenLM(LM):
             context, kwargs = request.args
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            out.append(self.scorer.greedy(context, until, int(kwargs.get("max_gen_toks", self.max_gen_toks))))
+            tokens = check_count("max_gen_toks", kwargs.get("max_gen_toks", self.max_gen_toks),
+                                 generation_cap(self.scorer.run), GEN_WHY + " (the task's generation_kwargs)")
+            out.append(self.scorer.greedy(context, until, tokens))
         return out
 
 
@@ -201,9 +256,9 @@ def main() -> int:
 
     try:
         cli_evaluate()
-    except UserError as err:
+    except (UserError, ResourceError) as err:  # a bad --model_args, a missing device: one line
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     return 0
 
 

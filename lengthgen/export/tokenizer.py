@@ -26,13 +26,19 @@ def byte_chars() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
+# The unknown-token name a task tokenizer gives WordLevel, which no vocabulary holds: text with a
+# character outside the task's vocabulary then raises ("WordLevel error: Missing [UNK] token from the
+# vocabulary") instead of reading as <pad>, a token the model never saw in a question.
+NO_UNKNOWN = "[not in the vocabulary]"
+
+
 def task_tokenizer(task):
     """A word-level tokenizer over the task's vocabulary: text is split into the task's tokens
-    (longest first, or at its separator), the specials matched whole."""
+    (longest first, or at its separator), the specials matched whole; anything else raises."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {token: i for i, token in enumerate(task.vocab)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIALS[0]))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=NO_UNKNOWN))
     if task.sep:
         tok.pre_tokenizer = pre_tokenizers.Split(task.sep, behavior="removed")
     else:
@@ -66,7 +72,8 @@ def write_tokenizer(folder: Path, task, run: Path) -> None:
         else:
             (bytes_tokenizer() if corpus is not None else task_tokenizer(task)).save(str(folder / "tokenizer.json"))
     except ImportError:
-        raise UserError("lengthgen export writes a tokenizer with the tokenizers library: pip install tokenizers") from None
+        raise UserError("lengthgen export writes a tokenizer with the tokenizers library, part of the hf extra: "
+                        "pip install 'lengthgen[hf]'") from None
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": SPECIALS[0], "eos_token": SPECIALS[1],
               "clean_up_tokenization_spaces": False, "model_input_names": ["input_ids"]}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lengthgen import register
 from lengthgen.config.schema import Config
 from lengthgen.methods.base import Method
 from lengthgen.methods.encoder import Encoder
@@ -330,15 +331,13 @@ def predicted_id(model, hidden: Tensor, last_id: Tensor) -> Tensor:
     return model.id_head(model.ln_f(hidden)).argmax(-1)
 
 
-METHODS: dict[str, type[Method]] = {"ntp": NextTokenPrediction, "looped": Looped,
-                                    "looped-wo-injection": LoopedNoInjection,
-                                    "looped-halt": LoopedHalt, "looped-halt-probe": LoopedHaltProbe,
-                                    "looped-uncertain": LoopedUncertain, "looped-clock": LoopedClock,
-                                    "ntp-loop": NTPLoop, "ntp-pause": NTPPause,
-                                    "ppc": PredictivePositionCoupling, "encoder": Encoder,
-                                    # Delétang et al.'s recurrent and memory-augmented baselines
-                                    "rnn": RNNMethod, "lstm": LSTMMethod, "stack-rnn": StackRNNMethod,
-                                    "tape-rnn": TapeRNNMethod}
+# The built-ins, registered as plugins are (lengthgen.register), in the order listings show them
+METHODS = register.METHODS
+METHODS.base = Method
+for _cls in (NextTokenPrediction, Looped, LoopedNoInjection, LoopedHalt, LoopedHaltProbe, LoopedUncertain, LoopedClock,
+             NTPLoop, NTPPause, PredictivePositionCoupling, Encoder,
+             RNNMethod, LSTMMethod, StackRNNMethod, TapeRNNMethod):  # the last four: Delétang et al.'s baselines
+    METHODS.add(_cls.name, _cls)
 
 
 def get_method(name: str, cfg: Config | None = None) -> Method:

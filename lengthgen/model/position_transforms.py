@@ -35,6 +35,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from lengthgen import register
 from lengthgen.tasks import IGNORE, Batch
 from lengthgen.tasks.base import uniform_below  # the draw the tasks use: one stream, one algorithm
 
@@ -188,9 +189,11 @@ class Randomized(PositionTransform):
         return self(batch, generator)
 
 
-# Explicit registry: config name (data.position_transform) -> class
-TRANSFORMS: dict[str, type[PositionTransform]] = {
-    cls.name: cls for cls in (PositionTransform, RandomOffset, PoSE, Randomized)}
+# The built-ins, registered as plugins are (lengthgen.register), in the order listings show them
+TRANSFORMS = register.TRANSFORMS
+TRANSFORMS.base = PositionTransform
+for _cls in (PositionTransform, RandomOffset, PoSE, Randomized):
+    TRANSFORMS.add(_cls.name, _cls)
 
 
 def build_transform(name: str, options: dict) -> PositionTransform:

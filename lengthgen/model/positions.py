@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from lengthgen import register
 from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import AttentionDropout, AttentionRecorder
 from lengthgen.model.content_attention import cope_attention, fused, fuses, tra_attention
@@ -265,24 +266,15 @@ class TRA(PositionalScheme):
         return attention(q, k, v, gate_logit, self.chunk, dropout, kept, last)
 
 
-# Explicit registry: config name -> class. New schemes (CoPE, TRA) are added here. A scheme's
-# own settings are keyword arguments after `cfg` (model.position_options, checked against them).
-SCHEMES: dict[str, type[PositionalScheme]] = {
-    "nope": PositionalScheme,
-    "learned": LearnedPositions,
-    "sinusoidal": SinusoidalPositions,
-    "rope": RoPE,
-    "alibi": ALiBi,
-    "fire": FIRE,
-    "t5": T5Bias,
-    "cope": CoPE,
-    "fox": FoX,
-    "tra": TRA,
-    "relative": RelativePositions,
-    "xpos": XPos,
-    "stickbreaking": StickBreaking,
-    "selective": SelectiveAttention,
-}
+# The built-ins, registered as plugins are (lengthgen.register), in the order listings show them. A
+# scheme's own settings are keyword arguments after `cfg` (model.position_options, checked against them).
+SCHEMES = register.SCHEMES
+SCHEMES.base = PositionalScheme
+for _name, _cls in {"nope": PositionalScheme, "learned": LearnedPositions, "sinusoidal": SinusoidalPositions,
+                    "rope": RoPE, "alibi": ALiBi, "fire": FIRE, "t5": T5Bias, "cope": CoPE, "fox": FoX, "tra": TRA,
+                    "relative": RelativePositions, "xpos": XPos, "stickbreaking": StickBreaking,
+                    "selective": SelectiveAttention}.items():
+    SCHEMES.add(_name, _cls)
 
 
 def build_scheme(cfg: ModelConfig) -> PositionalScheme:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lengthgen.errors import UserError
-from lengthgen.results.rows import COLUMNS, columns_of, write_csv
+from lengthgen.results.rows import COLUMNS, columns_of, own_metrics, write_csv
 from lengthgen.reporting.curves import plot_position_loss, plot_training
 from lengthgen.reporting.figures import plot, plot_attention, plot_heatmap, plot_per_step, plot_vs_option
 from lengthgen.reporting.gain import section as gain_section
@@ -26,7 +26,7 @@ from lengthgen.reporting.compare import check_threshold, compare_section, parse_
 from lengthgen.reporting.statistics import DEFAULT_THRESHOLD
 from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
                                         task_view)
-from lengthgen.runtime.run_folders import REPORT_MARK, check_overwritable
+from lengthgen.runtime.run_folders import REPORT_MARK, OutLock, check_overwritable
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
 
@@ -59,11 +59,20 @@ def summary(agg: list[dict], factors: tuple[float, ...] = (1.5, 2.0), metric: st
                 continue
             if metric == "accuracy":
                 odds = " / ".join(f"{a['baseline']:.2g}" for a in found)
-            else:  # a ratio of means over seeds, not a mean of ratios
-                odds = f"{found[-1][metric] / found[0][metric]:.3f}" if len(found) == len(targets) > 1 else "–"
+            else:  # a ratio of means over seeds, not a mean of ratios; none where the first mean is 0
+                odds = ratio_text(found, metric) if last and len(found) == len(targets) > 1 else "–"
             cells = [f"{_cell(v['at'][(key, n)], metric)} @{n}" if n and (key, n) in v["at"] else "–" for n in targets]
             lines.append(f"| {task} | {label} | " + " | ".join(cells) + (f" | {odds} |" if last else " |"))
     return "\n".join(lines) + "\n"
+
+
+def ratio_text(found: list[dict], metric: str) -> str:
+    """The last multiple's mean over the first's: "–" where either is not finite or the first is 0
+    (a series whose mean is exactly 0 has no ratio, and is not a division by zero)."""
+    first, last = found[0].get(metric, math.nan), found[-1].get(metric, math.nan)
+    if not (math.isfinite(first) and math.isfinite(last)) or first == 0:
+        return "–"
+    return f"{last / first:.3f}"
 
 
 def markdown(agg: list[dict]) -> str:
@@ -146,9 +155,20 @@ def pivot(agg: list[dict], by: str, metrics: list[str], names: dict) -> str:
 
 
 def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", command: str = "",
-                 failures: list[str] = (), layout: dict | None = None) -> Path:
+                 failures: list[str] = (), layout: dict | None = None, held: bool = False) -> Path:
     """report.md, results.csv and the figures of `layout` (DEFAULT_LAYOUT: accuracy_vs_length.png,
-    plus accuracy_vs_iteration.png when runs have per_step.csv) in `out`; returns report.md's path."""
+    plus accuracy_vs_iteration.png when runs have per_step.csv) in `out`; returns report.md's path.
+    `out` is locked while the report is written (OutLock: a second report, a reproduction, an export
+    or a training of that folder is refused in one line), unless the caller `held` its lock already."""
+    if held:
+        return write_held(paths, out, title, command, failures, layout)
+    with OutLock(out):
+        return write_held(paths, out, title, command, failures, layout)
+
+
+def write_held(paths: list[Path], out: Path, title: str, command: str, failures: list[str],
+               layout: dict | None) -> Path:
+    """`write_report` under the lock of `out`."""
     layout = {**DEFAULT_LAYOUT, **(layout or {})}
     specs = figure_specs(layout)
     rows = collect(paths)
@@ -160,7 +180,6 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
         raise UserError(f"--out {out} is a file; give a folder for report.md, results.csv and the figures")
     check_overwritable(out, ("report.md", "results.csv"))
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "results.csv", rows, columns_of(rows, COLUMNS))
     runs = len({(r["source"], r["run"]) for r in rows})
     factors = tuple(layout["summary"])
     multiples = " and ".join(f"{f:g}×" for f in factors)
@@ -194,8 +213,21 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
             text += [f"(no run swept {swept}: no {spec['kind']} figure)", ""]
             continue
         text += FIGURES[spec["kind"]].draw(spec, drawn)
-    (out / "report.md").write_text("\n".join(text))
+    # last, once every figure is drawn: a failure before this (a full disk) leaves the earlier report.md and
+    # results.csv as they were, a pair; each is written to a temporary file and renamed into place
+    write_csv(out / "results.csv", rows, columns_of(rows, COLUMNS))
+    write_atomic(out / "report.md", "\n".join(text))
     return out / "report.md"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def statistics_text(rows: list[dict], agg: list[dict], layout: dict) -> list[str]:
@@ -206,6 +238,11 @@ def statistics_text(rows: list[dict], agg: list[dict], layout: dict) -> list[str
     metric = layout.get("score") or (summary_metric if summary_metric.endswith("accuracy") else "accuracy")
     threshold = check_threshold(layout.get("threshold", DEFAULT_THRESHOLD))
     text = seeds_section(rows, agg, threshold, metric)
+    others = sorted({m for r in rows for m in own_metrics(r) if "accuracy" in m and m != metric})
+    if others:  # e.g. a Chomsky grid's runs reported outside their grid, which scores by its own metric
+        text[2:2] = [f"These sections score by `{metric}`{' (exact match of the whole answer)' * (metric == 'accuracy')}"
+                     f"; the rows also carry {', '.join(f'`{m}`' for m in others)}. A grid that scores by one of those "
+                     "names it in its `[report] score`, and its own report.md (`lengthgen reproduce`) uses it.", ""]
     for pair in layout.get("compare", []):
         text += compare_section(rows, agg, *parse_arms(pair if isinstance(pair, str) else ",".join(map(str, pair))),
                                 metric=metric)

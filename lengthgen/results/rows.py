@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from lengthgen.config.schema import MAX_LENGTH, MAX_SEED
 from lengthgen.errors import UserError
 
 COLUMNS = ["run", "task", "method", "arm", "position", "stop", "seed", "length", "n", "accuracy", "token_accuracy",
@@ -37,18 +38,27 @@ LABELS = "series.json"  # in a run folder: {"arm": ..., config key: value} its r
 # writes NaN then), else an iteration; n counts test samples (tokens for a text task), so it is positive.
 # A value outside its range is an edited or damaged file, and a named error rather than a mean. The
 # task's and method's own metrics are only read as numbers: without a registry their ranges are unknown.
+# seed is train.model_seed (0 <= seed < 2**63), length and train_max problem lengths (1..MAX_LENGTH):
+# a seed of -1 would count as a second seed of its run in a report.
+RUN_RANGES = {"seed": (0, MAX_SEED - 1, False), "length": (1, MAX_LENGTH, False), "train_max": (1, MAX_LENGTH, False)}
 EVAL_RANGES = {"accuracy": (0, 1, False), "token_accuracy": (0, 1, False), "baseline": (0, 1, False),
-               "stop_step": (0, math.inf, True), "n": (1, math.inf, False), "step": (0, math.inf, False)}
+               "stop_step": (0, math.inf, True), "n": (1, math.inf, False), "step": (0, math.inf, False), **RUN_RANGES}
 # per_step.csv: oracle_step is T(n) averaged over samples; confidence (-log max softmax) is left
 # unchecked: a broken model's non-finite logits make it +inf, and evaluation writes that as it is
 PER_STEP_RANGES = {"accuracy": (0, 1, False), "oracle_step": (0, math.inf, False), "n": (1, math.inf, False),
-                   "iteration": (1, math.inf, False)}
+                   "iteration": (1, math.inf, False), **RUN_RANGES}
 
 # what a damaged result file asks for: `lengthgen eval` reads the eval.csv it merges into, so it must go first
 AGAIN = "move it away and evaluate the run again"
 
 # eval.csv written before 2026-11-26 did not name its own metrics; these were all there were
 OLD_OWN_METRICS = ("perplexity", "loss", "glitch_rate", "sequence_accuracy", "id_accuracy")
+# Metrics whose name now means another statistic: {name: (what files written before held under it, the
+# name that tells them apart)}. Until 2026-11-29 `chomsky_accuracy` was the per-sequence mean; it is now
+# the authors' pooled score, written beside `chomsky_accuracy_per_sequence` (lengthgen.tasks.chomsky_common).
+# A row naming the old name without the new one is read as what it holds, and its run counts as not yet
+# evaluated (`outdated`), so a reproduction evaluates it again.
+RENAMED_METRICS = {"chomsky_accuracy": "chomsky_accuracy_per_sequence"}
 
 
 def own_metrics(row: dict) -> tuple[str, ...]:
@@ -152,8 +162,8 @@ def check_range(path: Path, line: int, key: str, value: float, raw: str, bounds:
     lo, hi, nan = bounds
     if (math.isnan(value) and nan) or (math.isfinite(value) and lo <= value <= hi):
         return
-    why = "not a finite number" if not math.isfinite(value) else \
-        f"not between {lo:g} and {hi:g}" if hi < math.inf else "not positive" if lo > 0 else "negative"
+    why = ("not a finite number" if not math.isfinite(value) else f"not between {lo:g} and {hi:g}" if hi <= 1
+           else "negative" if value < lo == 0 else "not positive" if value < lo else f"above {hi:,}")
     raise UserError(f"{path} line {line}: {key} is {raw!r}, {why} (edited or damaged?); {AGAIN}")
 
 
@@ -200,6 +210,9 @@ def read_rows(path: Path) -> list[dict]:
     for line, r in enumerate(rows, start=2):
         if r["metrics"] is None:  # a file from before 2026-11-26
             r["metrics"] = " ".join(m for m in OLD_OWN_METRICS if m in r)
+        for old, new in renamed(r).items():  # a metric written before its name changed meaning
+            r[new] = r.pop(old)
+            r["metrics"] = " ".join(new if m == old else m for m in own_metrics(r))
         for name in own_metrics(r):
             try:
                 r[name] = float(r.get(name, "nan") or "nan")
@@ -207,6 +220,22 @@ def read_rows(path: Path) -> list[dict]:
                 raise UserError(f"{path} line {line}: {name} is {r[name]!r}, not a number (truncated or edited?); "
                                 f"{AGAIN}") from None
     return rows
+
+
+def renamed(row: dict) -> dict[str, str]:
+    """{old name: new name} of the row's metrics written under a name that has since changed meaning."""
+    own = own_metrics(row)
+    return {old: new for old, new in RENAMED_METRICS.items() if old in own and new not in own}
+
+
+def outdated(path: Path) -> bool:
+    """Whether an eval.csv holds a metric under a name that has since changed meaning (RENAMED_METRICS):
+    its run is to be evaluated again."""
+    try:
+        text = read_text(path)
+    except (OSError, UserError):
+        return False
+    return any(renamed({"metrics": r.get("metrics") or ""}) for r in csv.DictReader(io.StringIO(text, newline="")))
 
 
 def read_per_step(path: Path) -> list[dict]:
@@ -242,9 +271,15 @@ def write_rows(path: Path, rows: list[dict], old: list[dict] | None = None, swep
         steps = ", ".join(map(str, sorted({r["step"] for r in stale})))
         print(f"note: dropped {len(stale)} row(s) of {path} evaluated at step {steps}; "
               f"these weights are step {step}", file=sys.stderr)
+    measured = set(own_metrics(rows[0]))  # rows measured with other metrics (a metric renamed since) go too
+    unlike = [r for r in old if r["step"] == step and set(own_metrics(r)) != measured]
+    if unlike:
+        lacking = ", ".join(sorted(measured ^ set(own_metrics(unlike[0]))))
+        print(f"note: dropped {len(unlike)} row(s) of {path} measured without {lacking} (written before it was); "
+              "evaluate their lengths again to have them", file=sys.stderr)
     key = lambda r: (r["stop"], *(str(r.get(k, "")) for k in swept), r["length"])  # noqa: E731
     new_keys = {key(r) for r in rows}
-    kept = [r for r in old if r["step"] == step and key(r) not in new_keys]
+    kept = [r for r in old if r["step"] == step and set(own_metrics(r)) == measured and key(r) not in new_keys]
     merged = sorted(kept + rows, key=key)
     write_csv(path, merged, columns_of(merged, COLUMNS))
 

@@ -5,9 +5,10 @@ whole or with what is damaged named.
 lengthgen config's sections and nothing but the files a run, its evaluation and
 a report write (RUN_NAMES), and never the current folder or one that holds it.
 A report or a reproduction overwrites report.md, results.csv and timing.csv only
-where lengthgen wrote them (recognised by their first lines). Two reproductions
-never write one --out at once: the first takes a lock on it. One `train` at a time writes a run
-folder, and evaluations of it wait for no training (run_lock); their rows are merged under a lock.
+where lengthgen wrote them (recognised by their first lines). Every command that writes a folder
+holds its lock (run_lock, a file beside the folder) while it writes: one `train`, `export`, `report`
+or `reproduce` at a time, or `eval`s side by side (their rows merged under a lock of their own), so a
+second writer is refused in one line naming the first and nothing is mixed.
 """
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ UNSTARTED = {"config.toml", "metrics.jsonl", "checkpoints", "series.json", "tens
 # The first line of each file a report or a reproduction writes, as lengthgen writes it.
 OWN_FIRST_LINES = {"results.csv": re.compile(r"run,task,method,"), "timing.csv": re.compile(r"run,ok,seconds$")}
 REPORT_MARK = "Every number below is rebuilt from those rows."  # a line of every report.md
-LOCK = ".reproduce.lock"
 EVAL_LOCK = ".eval.lock"  # inside the folder eval.csv is written to, while rows are merged
+EXPORT_MARK = "lengthgen_export.json"  # written last into a folder of `lengthgen export` (runtime/exported.py)
 
 
 def _temporary(name: str) -> bool:  # an atomic write's leftover, .<name>.tmp, or a held lock
@@ -60,15 +61,20 @@ def foreign(folder: Path) -> str | None:
         for entry in sorted(checkpoints.iterdir()):
             if not (CHECKPOINT_NAME.fullmatch(entry.name) or _temporary(entry.name)):
                 return f"it holds checkpoints/{entry.name}, which no run writes"
-    try:
-        data = tomllib.loads((folder / "config.toml").read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not (folder / "config.toml").exists():
         return "it has no config.toml"
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not TOML or nested past reading
-        data = {}
-    if "task" not in data or not set(data) <= SECTIONS:
+    if not lengthgen_config(folder / "config.toml"):
         return "its config.toml is not a lengthgen config"
     return None
+
+
+def lengthgen_config(path: Path) -> bool:
+    """Whether `path` reads as a lengthgen config: TOML with a [task] and only a config's sections."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # missing, unreadable, not UTF-8, not TOML or nested past reading
+        return False
+    return "task" in data and set(data) <= SECTIONS
 
 
 def check_deletable(folder: Path) -> None:
@@ -140,6 +146,19 @@ def check_eval_out(out: Path, run: Path) -> None:
         raise UserError(f"--out {out} holds files other than an evaluation of {run}; give a new or empty folder")
 
 
+def check_reproduction_out(out: Path) -> None:
+    """A reproduction's --out is new or a folder of its own: never a run folder or an export, whose
+    own rows `lengthgen report OUT` would then mix with the reproduction's runs."""
+    out = Path(out)
+    if (out / EXPORT_MARK).is_file():
+        raise UserError(f"--out {out} is a folder of `lengthgen export`; give a folder of its own for the reproduction")
+    held = [name for name, found in (("checkpoints", (out / "checkpoints").is_dir()), ("eval.csv", (out / "eval.csv").is_file()),
+                                     ("config.toml", lengthgen_config(out / "config.toml"))) if found]
+    if held:
+        raise UserError(f"--out {out} is a run folder (it holds {held[0]}): a report of it would mix that run's "
+                        "rows with the reproduction's; give a folder of its own")
+
+
 def holder_line() -> str:
     """`pid N: lengthgen train ...`: who holds a lock, for the one line that refuses a second writer."""
     argv = list(sys.argv)
@@ -168,11 +187,11 @@ class FolderLock:
             try:
                 file = open(self.path, "a+")
             except OSError as err:
-                if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                    raise
-                if not self.shared:
+                if not self.shared:  # a writer that cannot make its lock file cannot write beside it either
                     raise ResourceError(f"cannot write into {self.path.parent} for {self.what}: {err.strerror}; "
                                         "give a folder you can write (--out)") from None
+                if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
                 self.file = None  # a reader of a run it cannot write (eval --out) reads it unlocked, as
                 return self  # nothing of this user's can write it either
             try:
@@ -233,16 +252,19 @@ def pid_alive(line: str) -> bool:
     return True
 
 
-def run_lock(folder: Path, shared: bool = False) -> FolderLock:
-    """The lock of one run folder, held by `train` (exclusive: from before the folder is made until
-    it ends; --force and --resume take it first) and by `eval` (shared). Its file sits beside the
-    folder, `.<name>.lock`, so deleting or making the folder never touches it."""
+def run_lock(folder: Path, shared: bool = False, what: str | None = None,
+             advice: str = "wait for it to finish") -> FolderLock:
+    """The lock of one folder a command writes, held by `train` (exclusive: from before the folder
+    is made until it ends; --force and --resume take it first), `eval` (shared), and `export`,
+    `report` and `reproduce` on their --out (exclusive, OutLock). Its file sits beside the folder,
+    `.<name>.lock`, so deleting, making or replacing the folder never touches it, and every command
+    writing one folder meets the same file. `what` names the folder in the refusal."""
     folder = Path(folder).resolve()  # a run reached through a symbolic link is locked as itself
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ResourceError(f"cannot make run folder {folder}: {err.strerror}; give a folder you can write (--out)") from None
-    return FolderLock(folder.parent / f".{folder.name}.lock", f"run folder {folder}", shared)
+        raise ResourceError(f"cannot make folder {folder.parent}: {err.strerror}; give a folder you can write (--out)") from None
+    return FolderLock(folder.parent / f".{folder.name}.lock", what or f"run folder {folder}", shared, advice=advice)
 
 
 def rows_lock(out: Path) -> FolderLock:
@@ -252,7 +274,7 @@ def rows_lock(out: Path) -> FolderLock:
 
 
 def OutLock(out: Path) -> FolderLock:
-    """The lock on a reproduction's --out for as long as it runs: a second `lengthgen reproduce` on
-    the same folder stops with one line instead of training the same runs and deleting the other's
-    unstarted folders."""
-    return FolderLock(Path(out) / LOCK, f"--out {out}", advice="wait for it to finish or give another --out")
+    """The lock on the --out of `export`, `report` or `reproduce` for as long as it writes there: the
+    run lock of that folder, so a second writer of any kind (a reproduction, a report, an export, a
+    training) stops with one line instead of mixing its files with the first one's."""
+    return run_lock(out, what=f"--out {out}", advice="wait for it to finish or give another --out")

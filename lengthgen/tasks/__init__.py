@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 
+from lengthgen import register
 from .addition import Addition
 from .base import BLANK, EOS, IGNORE, PAD, SPECIALS, Batch, Task, TrailingPad, measure, score
 from .binary_sum import BinarySum
@@ -24,11 +25,6 @@ from .sparse_parity import SparseParity
 from .text import Text
 from .unique_set import UniqueSet
 
-TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct,
-                              FlipFlop, SparseParity, DecimalAddition, DecimalMultiplication, SelectiveCopy,
-                              Counting, Text)
-}
 # The Chomsky-hierarchy suite (Delétang et al., ICLR 2023) under the authors' task names, by level
 CHOMSKY = {
     cls.name: cls for cls in (EvenPairs, ModularArithmetic, ParityCheck, CycleNavigation,  # regular
@@ -36,7 +32,12 @@ CHOMSKY = {
                               DuplicateString, MissingDuplicateString, OddsFirst, BinaryAddition,  # CS
                               BinaryMultiplication, ComputeSqrt, BucketSort)
 }
-TASKS.update(CHOMSKY)
+# The built-ins, registered as plugins are (lengthgen.register), in the order listings show them
+TASKS = register.TASKS
+TASKS.base = Task
+for _cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct, FlipFlop, SparseParity,
+             DecimalAddition, DecimalMultiplication, SelectiveCopy, Counting, Text, *CHOMSKY.values()):
+    TASKS.add(_cls.name, _cls)
 
 
 def task_of(cfg, **options) -> Task:

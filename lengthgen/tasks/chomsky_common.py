@@ -6,8 +6,12 @@ is scored at the slots. Here a sample is lengthgen's usual `question = x =`, ans
 (no EOS): the '=' and the T_out - 1 answer inputs after it are the T_out slots (Batch.blank_answers
 blanks all but the '='; `slots_tape` blanks the '=' too, for exactly the authors' tape of n +
 T_out tokens). Every answer position is a target, zero-padding after an end token included, as the
-authors' loss is unmasked; their accuracy masks what follows the first end token: the task metric
-`chomsky_accuracy` (= token_accuracy where the task has no end token).
+authors' loss is unmasked; their accuracy masks what follows the first end token. Two task metrics
+score it: `chomsky_accuracy`, the authors' statistic (their training script's accuracy_fn: right
+tokens over scored tokens, pooled over each batch of 64 test sequences, then averaged over the
+batches), and `chomsky_accuracy_per_sequence`, each sequence's share averaged over sequences. Both
+equal token_accuracy where the task has no end token (every sequence of a length then has as many
+scored tokens).
 
 T(n) = n for every task of the suite (one step per input token; they are not looped tasks).
 """
@@ -22,6 +26,9 @@ from .addition import add_bits
 from .base import BLANK, Batch, Task, assemble, end_with, prefix_mask, uniform_below
 
 END = "#"  # the end token of stack_manipulation and binary_* outputs (the authors' class 2)
+# The authors' range evaluation scores each length in sub-batches of 64 sequences (training/example.py:
+# range_test_sub_batch_size = 64 of range_test_total_batch_size = 512), pooling tokens within one.
+SUB_BATCH = 64
 
 
 class ChomskyTask(Task):
@@ -30,7 +37,7 @@ class ChomskyTask(Task):
 
     eos = False  # the answer length is T_out(n), a function of n alone
     example = ""
-    metric_names = ("chomsky_accuracy",)
+    metric_names = ("chomsky_accuracy", "chomsky_accuracy_per_sequence")
     end: str | None = None  # the output token after which the authors' accuracy mask stops
 
     def finish(self, x: Tensor, x_len: Tensor, answer: Tensor, answer_len: Tensor, n: Tensor) -> Batch:
@@ -43,19 +50,33 @@ class ChomskyTask(Task):
         return values + self.token_id(offset)
 
     def metrics(self, pred: Tensor, batch: Batch) -> dict[str, Tensor]:
-        return {"chomsky_accuracy": chomsky_accuracy(pred, batch, self.token_id(self.end) if self.end else None)}
+        right, scored = accuracy_counts(pred, batch, self.token_id(self.end) if self.end else None)
+        return {"chomsky_accuracy": pooled(right, scored),
+                "chomsky_accuracy_per_sequence": right.float() / scored.clamp(min=1).float()}
 
 
-def chomsky_accuracy(pred: Tensor, batch: Batch, end: int | None) -> Tensor:
-    """(B,) the share of right answer tokens up to and including the first `end` target (all of
-    them if end is None): the authors' accuracy_mask, averaged per sequence (as their paper
-    states; their code pools the tokens of a batch, which differs only where the mask is used)."""
+def accuracy_counts(pred: Tensor, batch: Batch, end: int | None) -> tuple[Tensor, Tensor]:
+    """((B,) right tokens, (B,) scored tokens) under the authors' accuracy_mask: every answer token
+    up to and including the first `end` target (all of them if end is None)."""
     mask = batch.scored
     if end is not None:
         is_end = (batch.targets == end) & mask
         mask = mask & ((is_end.long().cumsum(1) - is_end.long()) == 0)
-    right = ((pred == batch.targets) & mask).sum(1)
-    return right.float() / mask.sum(1).clamp(min=1)
+    return ((pred == batch.targets) & mask).sum(1), mask.sum(1)
+
+
+def pooled(right: Tensor, scored: Tensor) -> Tensor:
+    """(B,) per-sequence values whose mean over each SUB_BATCH rows of the batch is that group's
+    pooled accuracy, sum(right) / sum(scored): the authors' statistic as a per-sample metric, so
+    that evaluation's mean over samples is their mean over sub-batches. Row b gets right[b] * G /
+    sum(scored) of its group of G rows; with eval.batch_size a multiple of 64 the groups are the
+    test set's consecutive blocks of 64 (a smaller batch pools over its own rows)."""
+    if not len(right):
+        return right.float()
+    group = torch.arange(len(right), device=right.device) // SUB_BATCH
+    size = torch.bincount(group).float()  # counts below 2**24: exact in float32, one rounding in the division
+    total = torch.zeros(len(size), device=right.device).index_add_(0, group, scored.float())
+    return right.float() * size[group] / total[group].clamp(min=1)
 
 
 def slots_tape(batch: Batch) -> Batch:

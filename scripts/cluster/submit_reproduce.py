@@ -17,7 +17,7 @@ from pathlib import Path
 
 import submitit
 
-from lengthgen.reproduce.runner import reproduce
+from lengthgen.reproduction.runner import reproduce
 
 
 def main() -> None:

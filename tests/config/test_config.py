@@ -9,7 +9,7 @@ import pytest
 from lengthgen.config.schedules import SCHEDULES
 from lengthgen.config import schema as config
 
-from lengthgen.reproduce import grid
+from lengthgen.reproduction import grid
 
 from lengthgen import assembly
 from lengthgen.errors import ConfigError

@@ -14,7 +14,7 @@ import pytest
 
 from lengthgen.config import schema as config
 
-from lengthgen.reproduce import grid
+from lengthgen.reproduction import grid
 
 from lengthgen import assembly
 from lengthgen.config.schedules import learning_rate
@@ -58,7 +58,7 @@ def documented(task: str) -> dict:
 def test_every_coupling_preset_has_a_table_and_the_rest_is_listed():
     assert len(doc_tables(DOC, SECTION)) == len(TASKS) + 1
     assert "\n### Still different\n" in doc_section(DOC, SECTION)
-    assert grid.find("sparsity").preset("paper", "addition") == path("addition")
+    assert grid.find("sparsity").preset("paper", "addition").resolve() == path("addition").resolve()
 
 
 @pytest.mark.parametrize("task", TASKS)

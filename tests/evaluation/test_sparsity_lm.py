@@ -1,7 +1,7 @@
 """Sparse dependence in natural language: the per-token, fixed-context evaluation, the ablation at
 original position IDs, attention recorded for every scheme, the bisection for k(t) against a
 brute-force search on a planted dependency, and the configuration's errors (the C4 loader: tests/tasks/test_hub_corpus.py; the
-reproduction: tests/reproduce/test_sparsity_lm_grid.py)."""
+reproduction: tests/reproduction/test_sparsity_lm_grid.py)."""
 from __future__ import annotations
 
 import math

@@ -72,7 +72,8 @@ def test_bad_input_is_one_line(looped, tmp_path, capsys):
     cases = [
         (["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")], "nothing"),
         (["export", str(run), "--out", str(out)], "exists"),
-        (["export", str(run), "--out", str(run.parent), "--force"], "not a lengthgen export"),
+        (["export", str(run), "--out", str(run.parent), "--force"], "holds the run folder"),
+        (["export", str(run), "--out", str(run.parent.parent), "--force"], "holds the run folder"),
         (["export", str(run), "--out", str(run / "inside")], "inside the run folder"),
         (["export", str(out), "--out", str(tmp_path / "y")], "exported folder already"),
     ]
@@ -83,7 +84,9 @@ def test_bad_input_is_one_line(looped, tmp_path, capsys):
     (tmp_path / "half").mkdir()
     assert main(["export", str(tmp_path / "half"), "--out", str(tmp_path / "z")]) == 2
     assert "no checkpoint" in one_line_error(capsys)
-    assert main(["export", str(run), "--out", str(out), "--force"]) == 0  # an earlier export is replaced
+    fresh = tmp_path / "fresh"
+    assert main(["export", str(run), "--out", str(fresh)]) == 0
+    assert main(["export", str(run), "--out", str(fresh), "--force"]) == 0  # an earlier export is replaced
 
 
 def test_an_unfinished_run_is_refused(tmp_path, capsys):

@@ -145,3 +145,29 @@ def test_the_command_line_names_a_missing_run_in_one_line(text_run, monkeypatch,
                                       "lengthgen_local_text", "--include_path", str(text_run / "tasks")])
     assert main() == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: run folder")
+
+
+@pytest.mark.parametrize("args,says", [
+    ({"window": -5}, "window must be a positive integer, got -5"),
+    ({"window": float("nan")}, "window must be a positive integer, got nan"),
+    ({"window": "abc"}, "window must be a positive integer, got 'abc'"),
+    ({"window": 0}, "window must be a positive integer, got 0"),
+    ({"window": 100_000_000}, "window = 100,000,000 is past what this run could need"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"batch_size": "abc"}, "batch_size must be a positive integer"),
+    ({"max_gen_toks": -1}, "max_gen_toks must be a positive integer"),
+    ({"windw": 16}, "--model_args has no key 'windw'"),
+    ({"device": "gpu"}, "--device 'gpu' is not a device lengthgen runs on"),
+])
+def test_model_args_are_checked_in_one_line(text_run, args, says):
+    """Issue 8: each of these was a traceback (window=100000000 tried to allocate 51 GB), or accepted silently."""
+    with pytest.raises(UserError, match=says.replace("(", r"\(")):
+        LengthgenLM(run=str(text_run / "run"), **{"device": "cpu", **args})
+    assert LengthgenLM(run=str(text_run / "run"), device="cpu", window=4 * WINDOW).scorer.window == 4 * WINDOW
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_is_one_line(text_run):
+    """(the command line turns the model's UserError into one line: test_the_command_line_names_a_missing_run...)"""
+    with pytest.raises(UserError, match="--device 'cuda' requested but CUDA is not available"):
+        LengthgenLM(run=str(text_run / "run"), device="cuda")

@@ -12,8 +12,8 @@ from lengthgen.config.schema import parse_lengths
 from lengthgen.errors import UserError
 from lengthgen.model.positions import SCHEMES
 from lengthgen.reporting.across_tasks import cells, mean_reciprocal_rank, ranks, section, separating
-from lengthgen.reproduce import grid as grids
-from lengthgen.reproduce.runner import reproduce
+from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction.runner import reproduce
 from toy_papers import toy_paper, toy_preset
 
 

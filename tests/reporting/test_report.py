@@ -23,7 +23,8 @@ ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "seed"
 
 def write_run(folder: Path, lengths=(2, 4, 6), **fields) -> Path:
     folder.mkdir(parents=True)
-    write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "length": n, **fields} for n in lengths], COLUMNS)
+    write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "length": n, **fields} for n in lengths],
+              COLUMNS + sorted(set(fields) - set(COLUMNS)))
     return folder
 
 
@@ -187,3 +188,54 @@ def test_report_across_tasks_ranks_each_scheme_on_every_task(tmp_path, capsys):
     # separate the rows (0.9 on parity, 0.8 on copy are far above chance), so both MRRs agree
     assert ranked == ["| 1 | nope | 1.000 | 1.000 | 0.800 (1) | 0.900 (1) |",
                       "| 2 | rope | 0.750 | 0.750 | 0.800 (1) | 0.500 (1) |"]
+
+
+def test_a_series_whose_mean_is_zero_has_no_ratio_and_no_division_by_zero(tmp_path):
+    """Issue 1: the summary's last/first ratio of a metric whose mean is exactly 0 raised
+    ZeroDivisionError, and no report was written."""
+    from lengthgen.reporting.report import write_report
+
+    write_run(tmp_path / "run", lengths=(2, 4, 6, 8), metrics="errors", errors=0.0)
+    text = write_report([tmp_path / "run"], tmp_path / "out", layout={"summary_metric": "errors"}).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| parity | ntp |"))
+    assert row.endswith("| – |") and "0.000 (1) @6" in row
+
+
+def test_the_statistics_say_which_metric_they_score_by(tmp_path):
+    """Issue 10: a grid's runs reported outside their grid are scored by exact match, and say so."""
+    from lengthgen.reporting.report import write_report
+
+    write_run(tmp_path / "run", metrics="chomsky_accuracy chomsky_accuracy_per_sequence", chomsky_accuracy=0.5,
+              chomsky_accuracy_per_sequence=0.6)
+    text = write_report([tmp_path / "run"], tmp_path / "out").read_text()
+    assert ("These sections score by `accuracy` (exact match of the whole answer); the rows also carry "
+            "`chomsky_accuracy`, `chomsky_accuracy_per_sequence`") in text
+    text = write_report([tmp_path / "run"], tmp_path / "out", layout={"score": "chomsky_accuracy"}).read_text()
+    assert "score by `chomsky_accuracy`; the rows also carry `chomsky_accuracy_per_sequence`" in text
+
+
+@pytest.mark.slow
+def test_the_chomsky_grid_reports_however_small_it_is(tmp_path, capsys):
+    """Issue 1's command: 5 steps of one LSTM on parity_check, 4 samples, scored 0 beyond training."""
+    out = tmp_path / "hc"
+    assert main(["reproduce", "chomsky", "--scale", "cpu", "--tasks", " parity_check,parity_check", "--arms", "lstm",
+                 "--seeds", "1", "--set", "train.steps=5", "--samples", "4", "--out", str(out), "--no-progress"]) == 0
+    report = (out / "report.md").read_text()
+    assert "## Main table" in report and "Parity Check" in report and (out / "results.csv").is_file()
+    assert "`chomsky_accuracy` averaged over the lengths beyond training" in report
+
+
+def test_a_report_that_fails_midway_keeps_the_earlier_pair(tmp_path):
+    """A full disk (a file-size limit) while the figures are drawn: report.md and results.csv stay
+    the earlier report's, both, rather than a new results.csv beside an old report.md."""
+    from limited_calls import calls
+
+    write_run(tmp_path / "a")
+    write_run(tmp_path / "b", method="looped", accuracy=0.5)
+    assert main(["report", str(tmp_path / "a"), "--out", str(tmp_path / "out")]) == 0
+    before = {name: (tmp_path / "out" / name).read_bytes() for name in ("report.md", "results.csv")}
+    [(code, err)] = calls([["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out")]],
+                          tmp_path, file_size=4096)
+    assert code == 1 and "no space left" in err and "Traceback" not in err
+    assert {name: (tmp_path / "out" / name).read_bytes() for name in before} == before
+    assert not list((tmp_path / "out").glob(".*.tmp"))

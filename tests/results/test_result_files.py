@@ -72,3 +72,23 @@ def test_per_token_files_round_trip_and_name_a_damaged_line(tmp_path):
     (tmp_path / "dependence.csv").write_text((tmp_path / "dependence.csv").read_text().replace(",2,", ",two,"))
     with pytest.raises(ValueError, match="line 2 is damaged"):
         read_dependence(tmp_path / "dependence.csv")
+
+
+def test_a_metric_written_before_its_name_changed_meaning_is_read_as_what_it_holds(tmp_path):
+    """Until 2026-11-29 `chomsky_accuracy` was the per-sequence mean; now it is the authors' pooled
+    score. An older row is read as the per-sequence score, never as the pooled one, and its run
+    counts as not yet evaluated, so a reproduction evaluates it again."""
+    from lengthgen.results.rows import outdated
+
+    old, new = tmp_path / "old.csv", tmp_path / "new.csv"
+    write_rows(old, [a_row(4, metrics="chomsky_accuracy", chomsky_accuracy=0.73)])
+    write_rows(new, [a_row(4, metrics="chomsky_accuracy chomsky_accuracy_per_sequence", chomsky_accuracy=0.677,
+                           chomsky_accuracy_per_sequence=0.73)])
+    [row] = read_rows(old)
+    assert "chomsky_accuracy" not in row and row["chomsky_accuracy_per_sequence"] == 0.73
+    assert own_metrics(row) == ("chomsky_accuracy_per_sequence",) and outdated(old)
+    [row] = read_rows(new)
+    assert (row["chomsky_accuracy"], row["chomsky_accuracy_per_sequence"]) == (0.677, 0.73) and not outdated(new)
+    write_rows(old, [a_row(2, metrics="chomsky_accuracy chomsky_accuracy_per_sequence", chomsky_accuracy=0.5,
+                           chomsky_accuracy_per_sequence=0.5)])  # evaluated again at another length
+    assert [(r["length"], r["chomsky_accuracy"]) for r in read_rows(old)] == [(2, 0.5)] and not outdated(old)

@@ -82,7 +82,7 @@ def test_a_length_whose_one_sequence_cannot_fit_is_refused_before_any_length_run
 def test_task_size_options_are_capped(tmp_path, capsys, where):
     mult = ["--set=task.name=multiplication", "--set=task.options={max_a_bits=1}"]
     if where == ["train"]:
-        argv = ["train", *[f"--set={s}" for s in TINY], mult[0], "--set=task.options.max_a_bits=100000",
+        argv = ["train", "--defaults", *[f"--set={s}" for s in TINY], mult[0], "--set=task.options.max_a_bits=100000",
                 "--out", str(tmp_path / "run"), "--no-progress"]
     else:
         assert train_cli(tmp_path / "run", *mult) == 0
@@ -98,7 +98,7 @@ def test_task_size_options_are_capped(tmp_path, capsys, where):
 def test_other_size_options_are_capped(tmp_path, capsys, task, option, needle):
     """Past their caps, sampling one batch takes minutes (validation seemed to hang) or every sample
     is blanks by the gigabyte."""
-    argv = ["train", *[f"--set={s}" for s in TINY], f"--set=task.name={task}", f"--set=task.options.{option}",
+    argv = ["train", "--defaults", *[f"--set={s}" for s in TINY], f"--set=task.name={task}", f"--set=task.options.{option}",
             "--out", str(tmp_path / "run"), "--no-progress"]
     assert needle in refused(argv, capsys, 2)
 
@@ -152,7 +152,7 @@ def test_a_ray_address_is_checked_and_reached_with_a_timeout(tmp_path, capsys, a
 def test_the_train_bound_counts_attention_and_names_what_dominates(tmp_path, capsys, machine, setting, needle):
     extra = ["--set=model.position=learned"] if "max_positions" in setting else []
     extra += ["--set=tests.interval=5"] if "tests.samples" in setting else []
-    line = refused(["train", *[f"--set={s}" for s in TINY], *extra, f"--set={setting}",
+    line = refused(["train", "--defaults", *[f"--set={s}" for s in TINY], *extra, f"--set={setting}",
                     "--out", str(tmp_path / "run"), "--no-progress"], capsys, 1)
     assert needle in line and "this run needs at least" in line and not (tmp_path / "run").exists()
     if "train_max" in setting:
@@ -160,7 +160,7 @@ def test_the_train_bound_counts_attention_and_names_what_dominates(tmp_path, cap
 
 
 def test_a_finite_training_set_past_memory_names_dataset_size(tmp_path, capsys, machine):
-    line = refused(["train", *[f"--set={s}" for s in TINY], "--set=task.train_min=100", "--set=task.train_max=100",
+    line = refused(["train", "--defaults", *[f"--set={s}" for s in TINY], "--set=task.train_min=100", "--set=task.train_max=100",
                     "--set=data.dataset_size=100000000", "--out", str(tmp_path / "run"), "--no-progress"], capsys, 1)
     assert "lower data.dataset_size" in line
 
@@ -211,7 +211,7 @@ def test_a_text_corpus_too_small_for_one_window(tmp_path, capsys, monkeypatch):
         (corpus / f"d{i}.txt").write_text(f"hi {i}\n")
     capsys.readouterr()
     with deadline(60):  # the corpus is tokenized once, then the refusal is fast
-        code = main(["train", "--set=task.name=text", f"--set=task.options={{source = \"files\", path = \"{corpus}\"}}",
+        code = main(["train", "--defaults", "--set=task.name=text", f"--set=task.options={{source = \"files\", path = \"{corpus}\"}}",
                      "--set=task.train_max=64", "--set=train.device=cpu", "--out", str(tmp_path / "run"),
                      "--no-progress"])
     line = one_line_error(capsys)

@@ -53,7 +53,7 @@ def test_a_second_process_cannot_train_or_force_a_folder_a_training_process_hold
     """Two real processes: the first trains (long enough to be caught), the second is refused."""
     folder = tmp_path / "run"
     sets = [f"--set={s}" for s in TINY if not s.startswith("train.steps")] + ["--set=train.steps=100000"]
-    first = subprocess.Popen([sys.executable, "-m", "lengthgen", "train", *sets, "--out", str(folder), "--no-progress"],
+    first = subprocess.Popen([sys.executable, "-m", "lengthgen", "train", "--defaults", *sets, "--out", str(folder), "--no-progress"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

@@ -8,13 +8,8 @@ kept (the run resumes, or the command reruns, to the numbers of an undisturbed o
 docs/faults.md tabulates every fault tried here."""
 from __future__ import annotations
 
-import ctypes
-import json
-import os
-import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,55 +19,10 @@ from safetensors.torch import load_file
 from lengthgen.cli import main
 from lengthgen.runtime.checkpoint import latest
 from lengthgen.runtime.run_folders import unstarted
+from limited_calls import calls, permission_bits_bind
 from tiny_runs import TINY, error_lines, one_line_error, train_cli
 
 GIB = 2 ** 30
-# the driver runs several CLI calls in one process (one torch import) and prints each call's exit
-# code and stderr as JSON on its last line: stdout is a pipe, which no file-size limit stops
-DRIVER = r"""
-import contextlib, io, json, sys, traceback
-from lengthgen.cli import main
-results = []
-for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as stop:
-            code = stop.code
-        except BaseException:
-            code = "traceback"
-            err.write(traceback.format_exc())
-    results.append([code, err.getvalue()])
-print("\n" + json.dumps(results))
-"""
-CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, PR_CAPBSET_DROP = 1, 2, 24
-
-
-def limited(memory: int = 0, file_size: int = 0, unprivileged: bool = False):
-    """A preexec_fn: address-space and file-size limits, and for root the capabilities that let
-    it write where permission bits say no (dropped from the bounding set, so gone after exec)."""
-    def apply():
-        if memory:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        if file_size:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
-        if unprivileged and os.geteuid() == 0:
-            libc = ctypes.CDLL(None, use_errno=True)
-            for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
-                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                    raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-    return apply
-
-
-def calls(argvs: list[list[str]], cwd: Path, **limits) -> list[tuple[object, str]]:
-    """(exit code, stderr) of each `lengthgen` call, run in one subprocess under `limits`."""
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], cwd=cwd, capture_output=True,
-                          text=True, preexec_fn=limited(**limits), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [tuple(r) for r in json.loads(proc.stdout.rstrip().rsplit("\n", 1)[-1])]
-
-
 def failed_in_one_line(result: tuple[object, str]) -> str:
     code, err = result
     lines = error_lines(err)
@@ -123,7 +73,7 @@ def test_out_of_memory_in_training_and_evaluation_is_one_line_and_nothing_is_los
                                          "train.steps=1", "train.threads=1"]]
     shutil.copytree(run, tmp_path / "run")
     before = (tmp_path / "run" / "eval.csv").read_bytes()
-    trained, evaluated = calls([["train", *big, "--out", "oom", "--no-progress"],
+    trained, evaluated = calls([["train", "--defaults", *big, "--out", "oom", "--no-progress"],
                                 ["eval", "run", "--lengths", "100", "--samples", "16384", "--batch-size", "16384",
                                  "--no-progress"]], tmp_path, memory=3 * GIB // 2)
     line = failed_in_one_line(trained)
@@ -195,33 +145,18 @@ def test_a_file_size_limit_stops_writes_in_one_line_and_the_run_resumes(run, tmp
     cannot be written, nor can a figure of a report."""
     sets = [f"--set={s}" for s in TINY + ["model.d_model=32", "train.steps=10", "train.checkpoint_interval=5"]]
     shutil.copytree(run, tmp_path / "run")
-    trained, reported = calls([["train", *sets, "--out", "stopped", "--no-progress"], ["report", "run"]],
+    trained, reported = calls([["train", "--defaults", *sets, "--out", "stopped", "--no-progress"], ["report", "run"]],
                               tmp_path, file_size=8 * 1024)
     line = failed_in_one_line(trained)
     assert "(File too large)" in line and "no checkpoint had been written" in line
     assert "File too large" in failed_in_one_line(reported)
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "stopped").rglob("*"))
     assert main(["train", "--resume", "--out", str(tmp_path / "stopped"), "--no-progress"]) == 0
-    assert main(["train", *sets, "--out", str(tmp_path / "undisturbed"), "--no-progress"]) == 0
+    assert main(["train", "--defaults", *sets, "--out", str(tmp_path / "undisturbed"), "--no-progress"]) == 0
     assert same_weights(weights(tmp_path / "stopped", 10), weights(tmp_path / "undisturbed", 10))
 
 
 # -- folders it cannot write ----------------------------------------------------------------------------
-
-def permission_bits_bind(tmp_path) -> bool:
-    """Whether a process started with `limited(unprivileged=True)` is stopped by a read-only folder."""
-    folder = tmp_path / "probe"
-    folder.mkdir(mode=0o555)
-    try:
-        touched = subprocess.run(["touch", str(folder / "x")], capture_output=True,
-                                 preexec_fn=limited(unprivileged=True))
-    except OSError:  # root without CAP_SETPCAP: cannot drop the capabilities
-        return False
-    finally:
-        (folder / "x").unlink(missing_ok=True)
-        folder.chmod(0o755)
-    return touched.returncode != 0
-
 
 @pytest.mark.slow
 def test_folders_it_cannot_write_are_named_before_any_work(run, tmp_path):
@@ -234,7 +169,7 @@ def test_folders_it_cannot_write_are_named_before_any_work(run, tmp_path):
             path.chmod(0o555 if path.is_dir() else 0o444)
     before = tree(tmp_path)
     try:
-        results = calls([["train", *[f"--set={s}" for s in TINY], "--out", "locked/new", "--no-progress"],
+        results = calls([["train", "--defaults", *[f"--set={s}" for s in TINY], "--out", "locked/new", "--no-progress"],
                          ["eval", "run", "--no-progress"],
                          ["report", "run"],
                          ["report", "run", "--out", "locked/report"],

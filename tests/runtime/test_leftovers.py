@@ -74,7 +74,7 @@ def test_a_local_ray_instance_leaves_no_session_folder(tmp_path, monkeypatch):
     """Ray keeps a session folder per instance in its temp folder, and nothing clears them: the one
     reproduce starts for itself is removed when it shuts down."""
     ray = pytest.importorskip("ray")
-    from lengthgen.reproduce import ray_runner
+    from lengthgen.reproduction import ray_runner
 
     if ray.is_initialized():
         pytest.skip("this process already holds a Ray instance")

@@ -38,7 +38,9 @@ def edit_eval_csv(path, **values) -> None:
 @pytest.mark.parametrize("column, value, why", [
     ("accuracy", "7.5", "not between 0 and 1"), ("accuracy", "-0.5", "not between 0 and 1"),
     ("accuracy", "nan", "not a finite number"), ("n", "0", "not positive"),
-    ("baseline", "1.5", "not between 0 and 1"), ("stop_step", "-1", "negative")])
+    ("baseline", "1.5", "not between 0 and 1"), ("stop_step", "-1", "negative"), ("seed", "-1", "negative"),
+    ("length", "0", "not positive"), ("length", "-4", "not positive"), ("train_max", "0", "not positive"),
+    ("length", "1000000", "above 100,000")])
 def test_an_eval_csv_value_out_of_range_is_named_with_file_and_line(copy, tmp_path, capsys, column, value, why):
     path = copy / "eval.csv"
     edit_eval_csv(path, **{column: value})

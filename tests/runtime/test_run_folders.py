@@ -18,7 +18,7 @@ from lengthgen import assembly
 from lengthgen.cli import main
 from lengthgen.config.schema import to_toml
 from lengthgen.results.rows import COLUMNS, LABELS, read_rows, write_csv
-from lengthgen.reproduce import runner as rp
+from lengthgen.reproduction import runner as rp
 from lengthgen.runtime.run_folders import UNSTARTED, OutLock, foreign
 from lengthgen.tasks import corpus as corpora
 from lengthgen.tasks.corpus import Corpus, CorpusError

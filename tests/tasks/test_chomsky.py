@@ -234,6 +234,7 @@ def test_chomsky_accuracy_masks_after_the_end_token():
     pred[0, first_end + 1:] = task.token_id("1")  # wrong pads: not in the authors' accuracy
     metrics = measure(task, pred, batch)
     assert metrics["chomsky_accuracy"].tolist() == [1.0] and metrics["token_accuracy"].item() < 1
+    assert metrics["chomsky_accuracy_per_sequence"].tolist() == [1.0]
     pred[0, scored[0]] = task.token_id("#")  # a wrong first token: 1 of the tokens up to the end
     up_to_end = int((scored <= first_end).sum())
     assert measure(task, pred, batch)["chomsky_accuracy"].item() == pytest.approx(1 - 1 / up_to_end)
@@ -242,6 +243,57 @@ def test_chomsky_accuracy_masks_after_the_end_token():
     pred = torch.where(torch.rand(batch.targets.shape) < 0.3, 3, batch.targets)
     metrics = measure(plain, pred, batch)
     assert torch.equal(metrics["chomsky_accuracy"], metrics["token_accuracy"])
+
+
+def authors_accuracy(pred, batch, end: int) -> tuple[float, float]:
+    """(pooled, per-sequence) accuracy of one batch, written out as Delétang et al.'s training script
+    computes the first (example.py: sum(mask * right) / sum(mask), the mask up to and including the
+    first end token), one row and one token at a time."""
+    right = total = 0
+    shares = []
+    for b in range(len(pred)):
+        row_right = row_total = 0
+        for j in batch.scored[b].nonzero()[:, 0].tolist():
+            row_right += int(pred[b, j] == batch.targets[b, j])
+            row_total += 1
+            if int(batch.targets[b, j]) == end:
+                break
+        right, total = right + row_right, total + row_total
+        shares.append(row_right / row_total)
+    return right / total, sum(shares) / len(shares)
+
+
+@pytest.mark.parametrize("name", ["stack_manipulation", "binary_addition"])
+def test_chomsky_accuracy_pools_tokens_over_each_batch_of_64_as_the_authors(name):
+    """Issue 10: for the same predictions (the first 20 answer tokens right), the per-sequence mean
+    scored above the authors' statistic; `chomsky_accuracy` is now theirs, pooled over each 64
+    sequences, and the per-sequence mean is `chomsky_accuracy_per_sequence`."""
+    task = get_task(name)
+    batch = task.sample(128, 41, torch.Generator().manual_seed(1))
+    first = batch.scored.long().cumsum(1)
+    pred = torch.where(batch.scored & (first <= 20), batch.targets, task.token_id("=")).clone()  # then wrong
+    metrics = measure(task, pred, batch)
+    halves = [authors_accuracy(pred[i:i + 64], batch.select(torch.arange(i, i + 64)), task.token_id("#"))
+              for i in (0, 64)]
+    pooled = sum(h[0] for h in halves) / 2  # their range evaluation: the mean over sub-batches of 64
+    per_sequence = sum(h[1] for h in halves) / 2
+    assert float(metrics["chomsky_accuracy"].mean()) == pytest.approx(pooled, abs=1e-6)
+    assert float(metrics["chomsky_accuracy_per_sequence"].mean()) == pytest.approx(per_sequence, abs=1e-6)
+    assert per_sequence - pooled > 0.01  # shorter answers are more often right in their first 20 tokens
+    for half, (mine, _) in zip((0, 64), halves):  # each sub-batch of 64 is pooled on its own
+        assert float(metrics["chomsky_accuracy"][half:half + 64].mean()) == pytest.approx(mine, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not get_task(n).end])
+def test_without_an_end_token_both_scores_are_the_token_accuracy(name):
+    """Every sequence of one length has as many scored tokens, so pooling changes nothing."""
+    task = get_task(name)
+    batch = task.sample(100, 9, torch.Generator().manual_seed(2))
+    pred = torch.where(torch.rand(batch.targets.shape, generator=torch.Generator().manual_seed(3)) < 0.3,
+                       task.token_id("="), batch.targets)
+    metrics = measure(task, pred, batch)
+    assert torch.allclose(metrics["chomsky_accuracy"], metrics["token_accuracy"], atol=1e-6)
+    assert torch.equal(metrics["chomsky_accuracy_per_sequence"], metrics["token_accuracy"])
 
 
 @pytest.mark.parametrize("name", NAMES)

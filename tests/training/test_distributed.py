@@ -59,7 +59,7 @@ def assert_same_training(a: Path, b: Path, step: int) -> None:
 @pytest.mark.slow
 def test_two_processes_train_what_one_process_trains_on_the_same_two_shards(tmp_path, one_thread):
     sets = TINY + ["train.steps=20", "train.checkpoint_interval=10"]
-    run(torchrun("train", *(f"--set={s}" for s in sets), "--out", str(tmp_path / "ddp"), "--no-progress"))
+    run(torchrun("train", "--defaults", *(f"--set={s}" for s in sets), "--out", str(tmp_path / "ddp"), "--no-progress"))
     train(assembly.load(None, sets + ["data.shards=2"]), tmp_path / "one", progress=False)
     train(assembly.load(None, sets), tmp_path / "one-stream", progress=False)
 
@@ -80,7 +80,7 @@ def test_two_processes_train_what_one_process_trains_on_the_same_two_shards(tmp_
 def test_killed_data_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, one_thread):
     sets = TINY + ["train.steps=300", "train.checkpoint_interval=25"]
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun("train", *(f"--set={s}" for s in sets), "--out", str(killed), "--no-progress"),
+    proc = subprocess.Popen(torchrun("train", "--defaults", *(f"--set={s}" for s in sets), "--out", str(killed), "--no-progress"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     pointer = killed / "checkpoints" / "latest"

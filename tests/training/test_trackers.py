@@ -17,7 +17,7 @@ from lengthgen.runtime import checkpoint
 from lengthgen import assembly
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import UserError
-from lengthgen.reproduce.jobs import config_difference
+from lengthgen.reproduction.jobs import config_difference
 from lengthgen.training.trainer import train
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
@@ -162,7 +162,7 @@ def test_cli_refuses_a_missing_tracker_in_one_line(tmp_path, trackers_missing, c
     from lengthgen.cli import main
 
     args = [f"--set={s}" for s in TINY] + ['--set=train.log_to=["wandb"]', "--out", str(tmp_path / "run")]
-    assert main(["train", *args, "--no-progress"]) == 2
+    assert main(["train", "--defaults", *args, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err == "lengthgen: error: train.log_to 'wandb' needs the wandb package: pip install 'lengthgen[wandb]'\n"
     assert not (tmp_path / "run").exists()

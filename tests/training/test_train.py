@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from lengthgen.tasks import get_task
 from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from lengthgen.training.run_state import decay_params
 from lengthgen.training.trainer import sample_batch, train
+from tiny_runs import killed_after
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu"]
@@ -155,16 +153,9 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
     """Kill a run after its first checkpoints, resume it: same final step, same weights."""
     sets = [f"--set={s}" for s in TINY + ["train.steps=300", "train.checkpoint_interval=25", "train.threads=1"]]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run(_cli("train", *sets, "--out", str(whole), "--no-progress"), check=True, capture_output=True)
-    proc = subprocess.Popen(_cli("train", *sets, "--out", str(killed), "--no-progress"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    subprocess.run(_cli("train", "--defaults", *sets, "--out", str(whole), "--no-progress"), check=True, capture_output=True)
+    saved = killed_after(_cli("train", "--defaults", *sets, "--out", str(killed), "--no-progress"), killed)
     pointer = killed / "checkpoints" / "latest"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (pointer.exists() and pointer.read_text() >= "step_00000050"):
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    saved = int(pointer.read_text().split("_")[1])
     assert 50 <= saved < 300, "the run finished before it could be killed; make it longer"
     # a loaded state equals what was saved
     _, _, _, model, step = load_run(killed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lengthgen import register
 from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.methods.looped.block import per_sample_steps
 from lengthgen.methods.looped.stop_passes import (CONFIDENT, Trace, confidence, confidence_per_sample, first_confident,
@@ -182,8 +183,11 @@ class Halt(StopRule):
         return first_firing(z > 0, -z)
 
 
-RULES: dict[str, type[StopRule]] = {cls.name: cls for cls in (Oracle, Fixed, Confidence, ConfidencePerSample,
-                                                              FirstConfident, Halt)}
+# The built-ins, registered as plugins are (lengthgen.register), in the order listings show them
+RULES = register.STOP_RULES
+RULES.base = StopRule
+for _cls in (Oracle, Fixed, Confidence, ConfidencePerSample, FirstConfident, Halt):
+    RULES.add(_cls.name, _cls)
 
 
 def parse_rule(text: str | StopRule) -> StopRule:
