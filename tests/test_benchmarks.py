@@ -98,3 +98,30 @@ def test_the_gpu_benchmark_runs_on_cpu(tmp_path):
     assert "| parity |" in done.stdout and "x RoPE" in done.stdout
     stacked = results["stacked"]["parity"]  # three seeds as one model: each seed's losses its own run's
     assert stacked["seeds"] == 3 and stacked["stacked"] > 0 and stacked["loss_rel"] < 1e-4
+
+
+@pytest.mark.parametrize("preset", ["core/parity-ntp", "looped/cpu/parity"])
+def test_the_cpu_benchmarks_fast_step_is_the_eager_step(monkeypatch, preset):
+    """benchmarks/cpu_presets.py: the padded fixed-shape loss, clipping and fused AdamW (here not
+    compiled, so the test compiles nothing) update the weights as the trainer's eager step does."""
+    import cpu_presets
+    monkeypatch.setattr(cpu_presets, "compiled_whole", lambda model, loss: loss)
+    tiny = ["model.d_model=16", "model.n_head=2", "model.n_layer=1", "train.batch_size=8", "task.train_max=5"]
+    case = cpu_presets.Case(preset, tiny)
+    assert case.fixed and "yes" in case.losses_agree(case.batch())
+    for _ in range(2):
+        batch = case.batch()
+        assert torch.allclose(case.eager(batch), case.whole(batch), rtol=1e-5)
+    for a, b in zip(case.eager_state.model.parameters(), case.whole_state.model.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_cpu_benchmark_times_a_model_without_a_fixed_shape_loss_eagerly(monkeypatch, capsys):
+    import cpu_presets
+    monkeypatch.setitem(cpu_presets.CASES, "tiny", ("chomsky/cpu/reverse_string", [
+        "method=stack-rnn", "model.causal=true", "model.d_model=16", "train.batch_size=4", "task.train_max=3"]))
+    cpu_presets.main(["--steps", "1", "--cases", "tiny"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |"))
+    assert "chomsky/cpu/reverse_string" in row and "no fixed-shape loss" in row
+    with pytest.raises(SystemExit):
+        cpu_presets.main(["--cases", "nonexistent"])
