@@ -65,10 +65,7 @@ def compile_blocks(model: nn.Module, device: torch.device, what: str = "train.co
         print(f"lengthgen: note: {what} is off for this run: {reason}", file=sys.stderr)
         return False
     run_eagerly_in_graphs()
-    # inductor's kernels and graphs (about 150 MB for a run) go to lengthgen's cache folder, not to
-    # $TMPDIR, where nothing clears them (docs/faults.md, "What is left on disk"); a user's own
-    # TORCHINDUCTOR_CACHE_DIR wins
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder() / "inductor"))
+    use_cache_folder()
     for block in model.blocks:
         block.compile(dynamic=True)
     return True
@@ -84,7 +81,7 @@ def compile_step(loss):
     Compiled whole, the element-wise work of every iteration and the summing of a looped weight's
     gradients over the iterations fuse; compiled block by block they cannot (a looped Parity CPU
     step of 20 iterations ran 1,123 kernels eagerly, 509 compiled whole: docs/benchmarks.md)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder() / "inductor"))
+    use_cache_folder()
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), STEP_GRAPHS))
@@ -98,6 +95,19 @@ def compiled_whole(model: nn.Module, loss):
         print(f"lengthgen: note: train.compile is off for this run: {reason}", file=sys.stderr)
         return None
     return compile_step(loss)
+
+
+def use_cache_folder() -> None:
+    """inductor's kernels and graphs (about 150 MB for a run) go to lengthgen's cache folder, not to
+    $TMPDIR, where nothing clears them (docs/faults.md, "What is left on disk"), and every later run
+    with the same shapes reuses them. A user's own TORCHINDUCTOR_CACHE_DIR wins. Importing
+    torch._dynamo sets the variable to inductor's default (/tmp/torchinductor_USER), and lengthgen
+    imports it before compiling (to count graphs), so that default counts as unset; inductor reads
+    the variable each time it looks for its cache."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not current or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_folder() / "inductor")
 
 
 def run_eagerly_in_graphs() -> None:

@@ -94,6 +94,22 @@ def test_the_compile_cache_goes_to_lengthgens_cache_folder_not_tmp(monkeypatch, 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
 
 
+def test_the_compile_cache_moves_from_the_default_that_importing_dynamo_sets(monkeypatch, tmp_path):
+    """Importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR to /tmp/torchinductor_USER before
+    lengthgen compiles: that default is moved to lengthgen's folder, and kernels are written
+    there; a folder the user chose stays."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.setenv("LENGTHGEN_CACHE", str(tmp_path))
+    compiled = compiling.compile_step(lambda x: (x * 1.2345).sin())  # a graph no earlier test compiled
+    compiled(torch.randn(5))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert any((tmp_path / "inductor").rglob("*.py"))  # inductor's generated code, in lengthgen's folder
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    compiling.use_cache_folder()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
 def test_tra_runs_eagerly_with_a_note(tmp_path, capsys):
     sets = ["task.name=copy", "task.train_max=4", "model.position=tra", "eval.lengths=2,4"]
     eager, _ = run(tmp_path / "eager", *sets)
