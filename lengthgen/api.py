@@ -49,12 +49,12 @@ def load_config(preset: PresetLike = None, overrides: Overrides = None, plugins:
 
 def assembled_config(preset: PresetLike, overrides: Overrides, plugins: Iterable[str]):
     """The assembled run (lengthgen.assembly.Run) of `load_config`'s arguments."""
-    from lengthgen.assembly import checked, given_ids_table_init
+    from lengthgen.assembly import checked, derived_defaults
 
     sets = override_strings(overrides)
     cfg = with_overrides(from_data(to_dict(preset)), sets) if isinstance(preset, Config) else read(preset, sets)
     cfg.plugins = list(dict.fromkeys(cfg.plugins + load_plugins(list(plugins))))  # the preset's own first
-    return given_ids_table_init(checked(cfg))
+    return derived_defaults(checked(cfg))
 
 
 def train(preset: PresetLike = None, overrides: Overrides = None, *, out: str | Path | None = None,

@@ -42,8 +42,8 @@ class Run:
 
 def assemble(preset: str | Path | None = None, overrides: list[str] = ()) -> Run:
     """A new run: defaults <- preset TOML <- --set overrides, checked, with the defaults that follow
-    from its parts (given_ids_table_init)."""
-    return given_ids_table_init(checked(read(preset, overrides)))
+    from its parts (derived_defaults)."""
+    return derived_defaults(checked(read(preset, overrides)))
 
 
 def assemble_saved(source: str | Path | dict, holder: Path | None = None) -> Run:
@@ -294,6 +294,23 @@ def given_ids_table_init(run: Run) -> Run:
     if run.scheme.trains_table and "std" not in m.position_options and reads_given_ids(run):
         m.position_options = {**m.position_options, "std": GIVEN_IDS_TABLE_STD}
     return run
+
+
+def training_window_option(run: Run) -> Run:
+    """A new run whose scheme sizes itself by the positions trained (`window_option`, FoPE's `window`)
+    with that option set to the largest position ID training reaches + 1, unless the config sets it.
+    Saved in the run's config, so evaluation reads the window training used."""
+    m, option = run.cfg.model, getattr(run.scheme, "window_option", None)
+    if option and option not in m.position_options:
+        window = largest_position_id(run, training_positions(run)[1]) + 1
+        m.position_options = {**m.position_options, option: window}
+    return run
+
+
+def derived_defaults(run: Run) -> Run:
+    """The defaults a new run takes from its parts: a learned table's init (given_ids_table_init) and
+    a scheme's training window (training_window_option). Never applied to a saved run."""
+    return training_window_option(given_ids_table_init(run))
 
 
 def load(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:

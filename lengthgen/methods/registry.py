@@ -279,8 +279,8 @@ class PredictivePositionCoupling(Method):
         if not transform.shifts_all_ids:
             raise ValueError(f"method {cfg.method} needs a data.position_transform that moves a next token's ID "
                              f"with the rest (none or random_offset), not {transform.name}")
-        if scheme.has_bias or scheme.has_content:
-            cached = [name for name, s in SCHEMES.items() if not (s.has_bias or s.has_content)]
+        if not scheme.cacheable():
+            cached = [name for name, s in SCHEMES.items() if s.cacheable()]
             raise ValueError(f"method {cfg.method} decodes with a KV cache, which model.position {cfg.model.position} "
                              f"cannot use; use {', '.join(cached)}")
         # the ID head names absolute IDs: a scheme that never adds them to the input (RoPE sees only

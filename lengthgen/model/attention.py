@@ -246,12 +246,14 @@ class Packed:
 class KVCache:
     """The keys and values of the tokens already run, per layer, so that decoding runs one
     new token at a time (lengthgen.model.generate). Keys are stored after `scheme.rotate`, so a
-    new query meets them exactly as in a full pass. Only schemes without a bias or content
-    hook can use it (nope, learned, sinusoidal, rope): ALiBi's bias and TRA's and CoPE's
-    attention are computed over whole windows."""
+    new query meets them exactly as in a full pass. Only schemes whose `cacheable()` says so can
+    use it: those without a bias or content hook (nope, learned, sinusoidal, rope, ...), and a
+    content scheme that decodes by its own recurrence (PaTH: its keys change with every new token,
+    kept in `state`). ALiBi's bias and TRA's and CoPE's attention are computed over whole windows."""
 
     def __init__(self) -> None:
         self.layers: dict[int, tuple[Tensor, Tensor]] = {}
+        self.state: dict[int, dict] = {}  # a scheme's own per-layer decoding state (attend_cached)
         self.length = 0  # tokens cached (the model advances it after each pass)
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -322,7 +324,7 @@ class CausalSelfAttention(nn.Module):
             recorder.add(self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
                                                        recorder.last_only, self.causal))
         if cache is not None:
-            y = cached_attention(q, *cache.extend(self.layer, k, v))
+            y = scheme.attend_cached(q, k, v, x, self.layer, cache)  # (B, H, T, Dh)
         elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout, recorder)) is not None:
             pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
         elif scheme.has_content:

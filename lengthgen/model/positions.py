@@ -30,6 +30,8 @@ from lengthgen import register
 from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import AttentionDropout, AttentionRecorder
 from lengthgen.model.content_attention import cope_attention, fused, fuses, tra_attention
+from lengthgen.model.fope import FoPE
+from lengthgen.model.path_attention import PaTH, PaTHFoX
 from lengthgen.model.relative_positions import RelativePositions
 from lengthgen.model.rotary import RoPE
 from lengthgen.model.scheme_base import PositionalScheme, _check_table, default_position_ids  # noqa: F401 (re-exported)
@@ -273,7 +275,7 @@ SCHEMES.base = PositionalScheme
 for _name, _cls in {"nope": PositionalScheme, "learned": LearnedPositions, "sinusoidal": SinusoidalPositions,
                     "rope": RoPE, "alibi": ALiBi, "fire": FIRE, "t5": T5Bias, "cope": CoPE, "fox": FoX, "tra": TRA,
                     "relative": RelativePositions, "xpos": XPos, "stickbreaking": StickBreaking,
-                    "selective": SelectiveAttention}.items():
+                    "selective": SelectiveAttention, "fope": FoPE, "path": PaTH, "path-fox": PaTHFoX}.items():
     SCHEMES.add(_name, _cls)
 
 

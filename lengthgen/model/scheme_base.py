@@ -9,7 +9,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model.attention import AttentionDropout, AttentionRecorder
+from lengthgen.model.attention import AttentionDropout, AttentionRecorder, cached_attention
 
 
 def default_position_ids(seq_len: int, device=None) -> Tensor:
@@ -48,6 +48,15 @@ class PositionalScheme(nn.Module):
     # along the past) does
     bidirectional = True
     content_reads_ids = False  # True if `content_logits` also takes the position IDs (relative positions)
+    # an option sized by the positions trained, which a new run fills with the largest training position
+    # ID + 1 where its config leaves it unset (lengthgen.assembly.training_window_option; FoPE's window)
+    window_option: str | None = None
+
+    @classmethod
+    def cacheable(cls) -> bool:
+        """Whether decoding with a KV cache works (`attend_cached`): schemes with a bias or their own
+        attention do not, unless they override this and `attend_cached`."""
+        return not (cls.has_bias or cls.has_content)
 
     @classmethod
     def check(cls, model: ModelConfig) -> None:
@@ -92,3 +101,8 @@ class PositionalScheme(nn.Module):
         scheme that needs more than logits: chunked queries, its own masking), or None to
         let attention softmax `content_logits`. `dropout` acts on the logits or the weights."""
         return None
+
+    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, layer: int, cache) -> Tensor:
+        """Attention of the new tokens' q (B, H, Tq, Dh) over the cached keys and values and their own
+        (`cache` a lengthgen.model.attention.KVCache, which takes k, v); x (B, Tq, D) their block input."""
+        return cached_attention(q, *cache.extend(layer, k, v))

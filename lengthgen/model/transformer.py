@@ -263,9 +263,10 @@ class Transformer(nn.Module):
         if cache is not None:
             if not self.cfg.causal:
                 raise ValueError("decoding with a KV cache needs causal attention (model.causal = true)")
-            if self.scheme.has_bias or self.scheme.has_content:
+            if not self.scheme.cacheable():
                 raise ValueError(f"decoding with a KV cache needs a scheme without a bias or content hook "
-                                 f"(nope, learned, sinusoidal, rope), not {self.cfg.position}")
+                                 f"(nope, learned, sinusoidal, rope) or one that decodes by itself (path), "
+                                 f"not {self.cfg.position}")
             if packed is not None:
                 raise ValueError("a KV cache takes (B, T, D) rows, not packed ones")
         for block in self.blocks:

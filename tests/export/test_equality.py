@@ -32,12 +32,12 @@ def test_every_scheme_gives_lengthgens_logits(root, scheme):
                                        model(batch.inputs, position_ids), **TOL)
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi"])  # with a KV cache, and by recomputation
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "path"])  # with a KV cache (path: its recurrence), and by recomputation
 def test_generate_gives_lengthgens_greedy_tokens(root, scheme):
     run, model, hf = pair(root, f"gen-{scheme}", f"model.position={scheme}")
     prompt = sample_batch(run, 3).inputs[:, :4]
     ids = torch.arange(4)[None].expand(len(prompt), -1)
-    want, _ = greedy(model, prompt, ids, 6, use_cache=scheme == "rope")
+    want, _ = greedy(model, prompt, ids, 6, use_cache=scheme != "alibi")
     got = hf.generate(prompt, max_new_tokens=6)
     assert torch.equal(got[:, 4:], want) and torch.equal(got[:, :4], prompt)
 

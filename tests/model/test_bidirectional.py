@@ -33,7 +33,7 @@ BOTH_WAYS = [name for name, s in SCHEMES.items() if s.bidirectional]
 
 
 def test_the_schemes_that_attend_both_ways():
-    assert set(BOTH_WAYS) == {"nope", "learned", "sinusoidal", "rope", "alibi", "relative"}
+    assert set(BOTH_WAYS) == {"nope", "learned", "sinusoidal", "rope", "alibi", "relative", "fope"}
 
 
 @pytest.mark.parametrize("position", BOTH_WAYS)

@@ -23,7 +23,7 @@ def content_id(model, hidden, last_id):
     return last_id + 1 + (hidden.sum(-1) * 1000).long() % 8
 
 
-@pytest.mark.parametrize("position", ["nope", "rope", "learned", "sinusoidal", "xpos"])
+@pytest.mark.parametrize("position", ["nope", "rope", "learned", "sinusoidal", "xpos", "fope", "path", "path-fox"])
 def test_the_cache_decodes_what_recomputation_decodes(position):
     task = get_task("decimal_addition", coupled=True)
     batch = task.sample(24, torch.tensor([2, 5, 7] * 8), torch.Generator().manual_seed(1))

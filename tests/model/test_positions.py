@@ -21,9 +21,9 @@ def arange_ids(T, offset=0):
 
 # ---------------------------------------------------------------- registry
 
-def test_registry_is_exactly_the_fourteen_schemes():
+def test_registry_is_exactly_the_seventeen_schemes():
     assert set(SCHEMES) == {"nope", "learned", "sinusoidal", "rope", "alibi", "fire", "t5", "cope", "fox", "tra", "relative",
-                            "xpos", "stickbreaking", "selective"}
+                            "xpos", "stickbreaking", "selective", "fope", "path", "path-fox"}
     for name, cls in SCHEMES.items():
         scheme = build_scheme(cfg(position=name))
         assert type(scheme) is cls and isinstance(scheme, PositionalScheme)

@@ -53,7 +53,7 @@ def test_a_stacked_step_is_each_seeds_own_step(name):
     stepped_alike(name)
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "tra", "cope", "fox", "fire", "t5", "stickbreaking"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "tra", "cope", "fox", "fire", "t5", "stickbreaking", "fope", "path-fox"])
 def test_every_positional_scheme_stacks(position):
     """The schemes' own code (biases, content logits, position tables) runs under vmap alike."""
     stepped_alike("ntp", f"model.position={position}")
