@@ -30,7 +30,6 @@ present; in fp32, and everywhere else, the chunked form runs.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn
