@@ -9,7 +9,8 @@ import torch
 from lengthgen.tasks import EOS, IGNORE, PAD, SPECIALS, Batch, Task
 
 ORDER = ["parity", "copy", "addition", "binary_sum", "multiplication", "unique_set", "copy_symbols", "induct",
-         "sparse_parity", "decimal_addition", "decimal_multiplication", "selective_copy", "counting"]
+         "sparse_parity", "decimal_addition", "decimal_multiplication", "multi_operand_addition", "long_multiplication",
+         "selective_copy", "counting"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 HINTS = LETTERS + LETTERS.upper()  # index hints, in order
 
@@ -161,11 +162,35 @@ def solve_decimal_multiplication(q: str, n: int, b_digits: int = 2) -> tuple[str
     return str(int(a) * int(b)).zfill(n + b_digits)[::-1], n
 
 
+def solve_multi_operand_addition(q: str, n: int, low: int = 2, high: int = 5, exact: bool = True) -> tuple[str, int]:
+    """m operands (low..high) of exactly n digits (exact; else the longest has n), each zero-padded to
+    the digits of m * (10^n - 1); the running sums 0, a_1, a_1 + a_2, ... in that width, units first,
+    joined by ">"."""
+    operands = _match(r"(\d+(?:\+\d+)*)=", q).group(1).split("+")
+    m, width, counts = len(operands), len(str(len(operands) * (10 ** n - 1))), [len(str(int(a))) for a in operands]
+    assert low <= m <= high and all(len(a) == width for a in operands), (q, "operands")
+    assert all(c == n for c in counts) if exact else max(counts) == n, (q, "digit counts")
+    sums = [sum(int(a) for a in operands[:k]) for k in range(m + 1)]
+    return ">".join(str(s).zfill(width)[::-1] for s in sums), n
+
+
+def solve_long_multiplication(q: str, n: int, low: int = 1, high: int = 4) -> tuple[str, int]:
+    """A (n digits) * B (low..high digits): the partial products A * b_j in n + 1 digits, then the
+    running sums of A * (B's last k digits) in n + len(B) digits, all units first."""
+    a, b = _match(rf"(\d{{{n}}})\*(\d+)=", q).groups()
+    assert low <= len(b) <= high and len(str(int(a))) == n and len(str(int(b))) == len(b), (q, "operands")
+    parts = [str(int(a) * int(digit)).zfill(n + 1)[::-1] for digit in b[::-1]]
+    sums = [str(int(a) * int(b[len(b) - k:])).zfill(n + len(b))[::-1] for k in range(1, len(b) + 1)]
+    return "+".join(parts) + "=" + ">".join(sums), n
+
+
 SOLVERS = {"parity": solve_parity, "copy": solve_copy, "addition": solve_addition,
            "binary_sum": solve_binary_sum, "multiplication": solve_multiplication,
            "unique_set": solve_unique_set, "copy_symbols": solve_copy_symbols, "induct": solve_induct,
            "sparse_parity": solve_sparse_parity, "decimal_addition": solve_decimal_addition,
-           "decimal_multiplication": solve_decimal_multiplication, "selective_copy": solve_selective_copy,
+           "decimal_multiplication": solve_decimal_multiplication,
+           "multi_operand_addition": solve_multi_operand_addition, "long_multiplication": solve_long_multiplication,
+           "selective_copy": solve_selective_copy,
            "counting": solve_counting}
 
 

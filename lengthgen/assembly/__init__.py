@@ -10,6 +10,7 @@ into exit code 2 before anything is written.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from lengthgen.model.rotary import RoPE
 from lengthgen.model.transformer import INITS, MLPS, NORMS, RESIDUALS  # the registries the block is built from
 from lengthgen.plugins import load as import_plugins
 from lengthgen.tasks import TASKS, Task, TrailingPad, get_task, task_of
+from lengthgen.tasks.coupled_levels import largest_level_id
 
 POSITION_SWEEP = ("position.scaling", "position.factor")  # eval.sweep keys of RoPE stretched at test time
 
@@ -87,10 +89,12 @@ def checked(cfg: Config) -> Run:
           f"model.causal = false (bidirectional attention) needs a method that reads whole answers from blank slots "
           f"without decoding (one with the bidirectional capability: {', '.join(bidirectional_methods())}); "
           f"method {cfg.method} would see the tokens it predicts")
+    with_task_levels(cfg, task)
     scheme = checked_scheme(cfg.model)
     check_sweep(cfg, task)
     check_token_reading(cfg, method, scheme)
     transform = checked_transform(cfg, task, method, scheme)
+    check_id_levels(cfg, task, scheme, transform)
     run = Run(cfg, task, method, scheme, transform)
     run.widest, largest = training_positions(run)
     check_position_range(run, largest)
@@ -228,6 +232,38 @@ def checked_transform(cfg: Config, task: Task, method: Method, scheme: type) -> 
     return built_transform
 
 
+def with_task_levels(cfg: Config, task: Task) -> None:
+    """A task that lays out several levels of position IDs (lengthgen.tasks.coupled_levels) sets
+    `levels` of the scheme and the transform that take it, unless the config does: one knob,
+    task.options.coupled. Written into the run's config.toml, so a saved run reads it back."""
+    levels, m, d = task.id_levels, cfg.model, cfg.data
+    if levels == 1:
+        return
+    if "levels" in inspect.signature(SCHEMES[m.position].__init__).parameters and "levels" not in m.position_options:
+        m.position_options = {**m.position_options, "levels": levels}
+    takes = "levels" in inspect.signature(TRANSFORMS[d.position_transform].__init__).parameters
+    if takes and "levels" not in d.position_transform_options:
+        d.position_transform_options = {**d.position_transform_options, "levels": levels}
+
+
+def check_id_levels(cfg: Config, task: Task, scheme: type, transform: PositionTransform) -> None:
+    """Packed multi-level IDs (lengthgen.tasks.coupled_levels) are read by a scheme that unpacks as many
+    levels as the task lays out, and moved by a transform that shifts each level on its own; a scheme or
+    transform set to unpack levels reads a task that has them."""
+    levels, m, d = task.id_levels, cfg.model, cfg.data
+    unpacks = "levels" in inspect.signature(scheme.__init__).parameters
+    check(m.position_options.get("levels", 1) == levels and (levels == 1 or unpacks),
+          f"task {cfg.task.name} lays out {levels} level(s) of position IDs; model.position {m.position} must read "
+          f"as many: " + (f"set model.position_options.levels = {levels}" if unpacks else
+                          "use a scheme with a levels option (learned)"))
+    shifts = getattr(transform, "levels", 1)
+    check(shifts == levels or (levels > 1 and not transform.changes_ids),
+          f"task {cfg.task.name} lays out {levels} level(s) of position IDs; data.position_transform "
+          f"{d.position_transform} must move as many: " + (
+              f"set data.position_transform_options.levels = {levels}" if hasattr(transform, "levels")
+              else "use random_offset with levels, or none"))
+
+
 def check_position_range(run: Run, largest_base: int) -> None:
     """A table (or ppc's ID head) of max_positions rows holds every ID training makes (the largest
     before the transform: `largest_base`): an overrun would fail at step 1, after the run folder is made."""
@@ -256,7 +292,7 @@ def training_positions(run: Run) -> tuple[int, int]:
     samples = max(1, min(256, 1_000_000 // cfg.task.train_max))  # bounded memory at huge lengths
     batch = run.task.sample(samples, cfg.task.train_max, torch.Generator().manual_seed(0))
     batch = built(f"method {cfg.method}", lambda: run.method.model_batch(batch))
-    largest = int(base_ids(batch).masked_fill(~real_columns(batch), 0).max())
+    largest = largest_level_id(base_ids(batch).masked_fill(~real_columns(batch), 0), run.task.id_levels)
     if batch.target_ids is not None:  # the last answer token's ID is a target (ppc), never an input
         largest = max(largest, int(batch.target_ids.max()))
     return batch.inputs.shape[1], largest

@@ -16,7 +16,9 @@ before step 1.
   of a sample shifted by one offset drawn uniformly from 0 .. max_position - hi
   (hi = the sample's largest ID), so every ID up to `max_position` is trained.
   `keep_zero` leaves ID 0 where it is: coupled layouts reserve it for BOS,
-  EOS and padding.
+  EOS and padding. `levels` > 1 reads packed multi-level IDs
+  (lengthgen.tasks.coupled_levels, Cho et al. 2025) and shifts each level by
+  its own offset, up to its own `max_position` (one integer, or one per level).
 - `pose` (Zhu et al., ICLR 2024): the sample cut at chunks - 1 uniform random
   columns into `chunks` pieces; piece i keeps its consecutive IDs shifted by a
   skip u_i, u_0 = 0 and u_i uniform in u_(i-1) .. target_length - 1 - hi, so a
@@ -38,6 +40,7 @@ from torch import Tensor
 from lengthgen import register
 from lengthgen.tasks import IGNORE, Batch
 from lengthgen.tasks.base import uniform_below  # the draw the tasks use: one stream, one algorithm
+from lengthgen.tasks.coupled_levels import pack, unpack
 
 
 def base_ids(batch: Batch) -> Tensor:
@@ -113,13 +116,24 @@ class RandomOffset(PositionTransform):
     # unshifted, as the task lays it out (HanseulJo/position-coupling, configs/task/*_coupled.yaml)
     at_evaluation = "the task's own IDs, unshifted (Cho et al.'s evaluation sets: randomize = false)"
 
-    def __init__(self, *, max_position: int, keep_zero: bool = False):
+    def __init__(self, *, max_position: int | list, keep_zero: bool = False, levels: int = 1):
         if not isinstance(keep_zero, bool):
             raise ValueError(f"random_offset: keep_zero must be true or false, got {keep_zero!r}")
-        self.top = whole(self.name, "max_position", max_position)
+        self.levels = whole(self.name, "levels", levels)
+        tops = max_position if isinstance(max_position, list) else [max_position]
+        if isinstance(max_position, list) and len(tops) != self.levels:
+            raise ValueError(f"random_offset: max_position must be one integer or a list of one per level "
+                             f"({self.levels}), got {max_position!r}")
+        self.tops = [whole(self.name, "max_position", top) for top in tops] * (self.levels // len(tops))
+        if self.levels > 1 and not keep_zero:  # a level's 0 means the token is outside that level
+            raise ValueError("random_offset: levels > 1 keeps each level's ID 0 (BOS, EOS, tokens outside the level); "
+                             "set keep_zero = true")
+        self.top = max(self.tops)
         self.bound, self.keep_zero = f"max_position {max_position}", keep_zero
 
     def __call__(self, batch, generator):
+        if self.levels > 1:
+            return self.shift_levels(batch, generator)
         ids, real = base_ids(batch), real_columns(batch)
         targets = batch.target_ids  # the next tokens' IDs (PPC): shifted with the rest
         with_targets = ids if targets is None else torch.cat([ids, targets], 1)
@@ -130,6 +144,22 @@ class RandomOffset(PositionTransform):
             fixed = (targets == IGNORE) | (targets == 0) if self.keep_zero else targets == IGNORE
             targets = torch.where(fixed, targets, targets + offset)
         return replace(batch, position_ids=torch.where(real, moved, 0), target_ids=targets)
+
+    def shift_levels(self, batch: Batch, generator: torch.Generator) -> Batch:
+        """Packed IDs of `levels` levels (lengthgen.tasks.coupled_levels), each level's nonzero IDs
+        shifted by its own offset, uniform in 0 .. its max_position - the sample's largest ID there
+        (Cho et al. 2025 draw one start per level)."""
+        refuse_targets(f"{self.name} with levels", batch)
+        real = real_columns(batch)
+        moved = []
+        for level, top in zip(unpack(base_ids(batch), self.levels), self.tops):
+            hi = level.masked_fill(~real, 0).amax(1)
+            if int(hi.max()) > top:
+                raise ValueError(f"{self.name}: max_position {top} of level {len(moved)} is below the largest ID "
+                                 f"of that level in the training sequences ({int(hi.max())})")
+            offset = uniform_below(top - hi + 1, generator)[:, None]
+            moved.append(torch.where((level == 0) | ~real, 0, level + offset))
+        return replace(batch, position_ids=pack(moved))
 
 
 class PoSE(PositionTransform):

@@ -38,25 +38,41 @@ from lengthgen.model.scheme_base import PositionalScheme, _check_table, default_
 from lengthgen.model.selective_attention import SelectiveAttention
 from lengthgen.model.stick_breaking import StickBreaking
 from lengthgen.model.xpos import XPos
+from lengthgen.tasks.coupled_levels import unpack
 
 
 class LearnedPositions(PositionalScheme):
     """GPT-2 learned absolute positions: a (max_positions, D) table added to x, drawn from
     N(0, std^2): GPT-2's 0.02 by default; 1.0 is T5's, as Cho et al.'s coupling draws it (a row
-    then as large as a token's N(0, 1) embedding under init torch or t5, not 50x smaller)."""
+    then as large as a token's N(0, 1) embedding under init torch or t5, not 50x smaller).
+
+    `levels` > 1 reads packed multi-level coupled IDs (lengthgen.tasks.coupled_levels): one table
+    of max_positions rows per level, their rows summed, as Cho et al.'s `d_positions` tables (2025)."""
 
     has_table = adds_ids = trains_table = True
 
-    def __init__(self, cfg: ModelConfig, std: float = 0.02):
+    def __init__(self, cfg: ModelConfig, std: float = 0.02, levels: int = 1):
         super().__init__(cfg)
         if isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std < 1e3:
             raise ValueError(f"learned: std must be a number in (0, 1000), got {std!r}")
+        if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 4:
+            raise ValueError(f"learned: levels must be an integer in 1..4, got {levels!r}")
+        self.levels = levels
         self.wpe = nn.Embedding(cfg.max_positions, cfg.d_model)
         nn.init.normal_(self.wpe.weight, mean=0.0, std=float(std))  # the scheme owns its init
+        if levels > 1:  # the first level keeps the name wpe, so one-level checkpoints load as before
+            self.level_tables = nn.ModuleList(nn.Embedding(cfg.max_positions, cfg.d_model) for _ in range(levels - 1))
+            for table in self.level_tables:
+                nn.init.normal_(table.weight, mean=0.0, std=float(std))
 
     def embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
-        _check_table(position_ids, self.max_positions, "learned position")
-        return x + self.wpe(position_ids)  # (B|1, T, D) broadcasts over the batch
+        if self.levels == 1:
+            _check_table(position_ids, self.max_positions, "learned position")
+            return x + self.wpe(position_ids)  # (B|1, T, D) broadcasts over the batch
+        for level, table in zip(unpack(position_ids, self.levels), [self.wpe, *self.level_tables]):
+            _check_table(level, self.max_positions, "learned position")
+            x = x + table(level)
+        return x
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:

@@ -18,6 +18,8 @@ from .decimal_addition import DecimalAddition
 from .decimal_multiplication import DecimalMultiplication
 from .flipflop import FlipFlop
 from .induct import Induct
+from .long_multiplication import LongMultiplication
+from .multi_operand_addition import MultiOperandAddition
 from .multiplication import Multiplication
 from .parity import Parity
 from .selective_copy import SelectiveCopy
@@ -36,7 +38,8 @@ CHOMSKY = {
 TASKS = register.TASKS
 TASKS.base = Task
 for _cls in (Parity, Copy, Addition, BinarySum, Multiplication, UniqueSet, CopySymbols, Induct, FlipFlop, SparseParity,
-             DecimalAddition, DecimalMultiplication, SelectiveCopy, Counting, Text, *CHOMSKY.values()):
+             DecimalAddition, DecimalMultiplication, MultiOperandAddition, LongMultiplication, SelectiveCopy, Counting,
+             Text, *CHOMSKY.values()):
     TASKS.add(_cls.name, _cls)
 
 
@@ -60,4 +63,4 @@ __all__ = ["TASKS", "CHOMSKY", "get_task", "task_of", "Batch", "Task", "measure"
            "BLANK", "SPECIALS",
            "Parity", "Copy", "Addition", "BinarySum", "Multiplication", "UniqueSet",
            "CopySymbols", "Induct", "FlipFlop", "SparseParity", "DecimalAddition",
-           "DecimalMultiplication", "SelectiveCopy", "Counting", "Text"]
+           "DecimalMultiplication", "MultiOperandAddition", "LongMultiplication", "SelectiveCopy", "Counting", "Text"]

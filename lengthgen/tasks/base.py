@@ -186,6 +186,7 @@ class Task:
     answer_region = True  # the scored positions are one answer after the question (False: inside it, as in LM)
     min_length = 1  # the shortest problem length the task can draw
     evaluation = "exact_match"  # how evaluation measures it (lengthgen.evaluation.evaluate.EVALUATORS)
+    id_levels = 1  # levels packed in each position ID (lengthgen.tasks.coupled_levels); 1: plain IDs
 
     def __init__(self) -> None:  # tasks with options override this with keyword-only arguments
         pass

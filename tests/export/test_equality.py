@@ -56,6 +56,19 @@ def test_ppc_logits_and_generation_read_the_coupled_ids(root):
     assert torch.equal(hf.generate(prompt, max_new_tokens=4, position_ids=prompt_ids)[:, q:], want)
 
 
+def test_multi_level_coupled_ids_give_lengthgens_logits(root):
+    """A learned table per level (packed IDs, lengthgen.tasks.coupled_levels) reads the same in transformers."""
+    run, model, hf = pair(root, "levels", "task.name=multi_operand_addition", "task.train_min=1", "task.train_max=2",
+                          "task.options={operands=[2, 3], coupled=2}", "model.position=learned",
+                          "model.position_options={levels=2}", "model.max_positions=12",
+                          "data.position_transform=random_offset",
+                          "data.position_transform_options={levels=2, max_position=11, keep_zero=true}")
+    batch = sample_batch(run, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(batch.inputs, position_ids=batch.position_ids).logits,
+                                   model(batch.inputs, batch.position_ids), **TOL)
+
+
 @pytest.fixture(scope="module")
 def looped(root):
     return pair(root, "looped", *LOOPED)

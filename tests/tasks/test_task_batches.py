@@ -1,6 +1,7 @@
 """Tests of the tasks: mixed-length sampling, validation, registry, Batch helpers."""
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -129,9 +130,12 @@ def test_sample_mixed_covers_range(name):
     batch = sample_mixed(task, 3000, 3, 17, torch.Generator().manual_seed(6))
     counts = Counter(batch.lengths.tolist())
     assert set(counts) == set(range(3, 18))
-    assert all(abs(c / 3000 - 1 / 15) < 0.025 for c in counts.values())
+    if not task.draws_own_lengths:  # a task with its own law (multi_operand_addition) tests it itself
+        assert all(abs(c / 3000 - 1 / 15) < 0.025 for c in counts.values())
     check_layout(task, batch, batch.lengths)
-    check_answers(task, batch.select(torch.arange(200)), batch.lengths[:200], SOLVERS[name])
+    # the task's own law draws operands shorter than the longest (multi_operand_addition's)
+    solver = functools.partial(SOLVERS[name], exact=False) if task.draws_own_lengths else SOLVERS[name]
+    check_answers(task, batch.select(torch.arange(200)), batch.lengths[:200], solver)
 
 
 def test_sample_mixed_single_length_and_errors():

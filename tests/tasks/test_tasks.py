@@ -137,8 +137,10 @@ def test_example_is_correct(name):
         n = len(question.split("+")[0])
     if name == "multiplication":
         n = len(question[:-1].split("*")[1])
-    if name == "decimal_multiplication":
+    if name in ("decimal_multiplication", "long_multiplication"):
         n = len(question.split("*")[0])
+    if name == "multi_operand_addition":
+        n = len(str(int(question.split("+")[0])))
     if name == "induct":
         n = len(question.split("?")[0]) - 1
     if name == "sparse_parity":
