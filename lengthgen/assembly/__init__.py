@@ -262,6 +262,11 @@ def check_id_levels(cfg: Config, task: Task, scheme: type, transform: PositionTr
           f"{d.position_transform} must move as many: " + (
               f"set data.position_transform_options.levels = {levels}" if hasattr(transform, "levels")
               else "use random_offset with levels, or none"))
+    if levels > 1 and transform.changes_ids:  # each level's range holds that level's IDs (one bound checks the largest)
+        import torch
+
+        batch = task.sample(256, cfg.task.train_max, torch.Generator().manual_seed(0))
+        built("data.position_transform_options", lambda: transform(batch, torch.Generator().manual_seed(0)))
 
 
 def check_position_range(run: Run, largest_base: int) -> None:

@@ -99,7 +99,8 @@ def test_multiplication_strings_and_ids_are_cho_et_al_s(length, multiplier):
 
 
 def test_one_level_without_scratchpad_is_cho_et_al_2024():
-    """scratchpad = false, coupled = 1: the sum alone, significance IDs (MultipleAdditionDatasetWithCoupledPositions)."""
+    """scratchpad = false, coupled = 1: the sum alone, significance IDs
+    (their MultipleAdditionDatasetWithCoupledPositions)."""
     task = get_task("multi_operand_addition", operands=[2, 4], scratchpad=False, coupled=1, bos=True)
     batch = task.sample(30, 3, torch.Generator().manual_seed(0))
     for i in range(len(batch)):
@@ -187,6 +188,9 @@ COUPLED = ["task.name=multi_operand_addition", "task.options.coupled=2", "task.t
      "data.position_transform_options.levels = 2"),
     (["model.position=learned", "data.position_transform=random_offset",
       "data.position_transform_options.max_position=15"], "keep_zero"),
+    (["model.position=learned", "data.position_transform=random_offset",
+      "data.position_transform_options.keep_zero=true", "data.position_transform_options.max_position=[15, 4]"],
+     "max_position 4 of level 1"),  # 5 operands: 6 groups
     (["model.position=learned", "model.position_options.levels=2", "model.max_positions=5"], "max_positions"),
 ])
 def test_multi_level_ids_need_a_table_and_a_start_per_level(overrides, message):
@@ -199,7 +203,8 @@ def test_levels_on_a_task_without_them_are_refused():
     with pytest.raises(ConfigError, match="1 level"):
         assembly.assemble(None, [*plain, "model.position=learned", "model.position_options.levels=2"])
     with pytest.raises(ConfigError, match="1 level"):
-        assembly.assemble(None, [*plain, "data.position_transform=random_offset", "data.position_transform_options.levels=2",
+        assembly.assemble(None, [*plain, "data.position_transform=random_offset",
+                                 "data.position_transform_options.levels=2",
                                  "data.position_transform_options.max_position=15",
                                  "data.position_transform_options.keep_zero=true"])
 
