@@ -40,7 +40,7 @@ def check_fits(run, length: int) -> None:
     if run.scheme.has_table:
         at = copy.deepcopy(cfg)
         at.task.train_max = length
-        need = training_positions(replace(run, cfg=at))[0]
+        need = training_positions(replace(run, cfg=at))[1] + 1  # rows the IDs read: 0..L-1, or the task's own
         if need > cfg.model.max_positions:
             raise UserError(f"length {length} needs {need} positions; the run's table has "
                             f"model.max_positions = {cfg.model.max_positions}")

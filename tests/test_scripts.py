@@ -30,6 +30,9 @@ def runs(tmp_path_factory):
                                                                   "--set=model.max_positions=16"])]:
         assert main(["train", "--defaults", *TINY, *extra, f"--set=task.name={task}", "--set=task.train_max=4",
                      f"--set=method={method}", "--out", str(root / name)]) == 0
+    assert main(["train", "--defaults", *TINY, "--set=task.name=multi_operand_addition", "--set=task.train_max=3",
+                 "--set=task.options.coupled=2", "--set=model.position=learned", "--set=model.max_positions=16",
+                 "--out", str(root / "sums")]) == 0
     return root
 
 
@@ -72,6 +75,17 @@ def test_halting_probe_reports_where_each_probe_stops(runs):
         assert 1 <= float(step) <= 2 * int(n)  # within the `halt` rule's window (Parity: T(n) = n)
 
 
+def test_scratchpad_positions_gives_each_running_sum_its_places(runs):
+    out = run_script("scratchpad_positions.py", str(runs / "sums"), "3", "2")
+    assert out.returncode == 0, out.stderr
+    exact = float(re.search(r"length 2: exact ([\d.]+)", out.stdout).group(1))
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("  s_")]
+    assert [r[0] for r in rows] == ["s_0", "s_1", "s_2", "s_3"]  # 3 operands: s_0 .. s_3
+    places = [[float(v) for v in r[1:]] for r in rows]
+    assert all(len(p) == len(str(3 * 99)) + 1 for p in places)  # W digits and the token that closes the sum
+    assert all(exact <= v <= 1 for p in places for v in p)  # a right answer is right at every place
+
+
 def answer_position_rows(run: Path, *lengths: str) -> list[tuple[int, float, list[float]]]:
     out = run_script("answer_positions.py", str(run), *lengths)
     assert out.returncode == 0, out.stderr
@@ -105,9 +119,12 @@ def test_answer_positions_cover_the_answer_and_bound_the_exact_match(runs):
     ("answer_positions.py", ["add", "\u00b2"], "usage: answer_positions.py"),  # a digit to isdigit, not to int
     ("answer_positions.py", ["add", "100001"], "usage: answer_positions.py"),
     ("answer_positions.py", ["table", "40"], "model.max_positions = 16"),
+    ("scratchpad_positions.py", ["add", "3"], "needs a multi_operand_addition one"),
+    ("scratchpad_positions.py", ["sums"], "usage: scratchpad_positions.py"),
+    ("scratchpad_positions.py", ["sums", "3", "20"], "model.max_positions = 16"),
 ])
 def test_scripts_refuse_bad_input_in_one_line(runs, script, args, needle):
-    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "add", "table", "nowhere") else a
-                               for a in args])
+    out = run_script(script, *[str(runs / a) if a in ("parity", "mult", "mult-ntp", "add", "table", "sums", "nowhere")
+                               else a for a in args])
     assert out.returncode != 0
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1
