@@ -52,7 +52,7 @@ sweep: install
 	$(BIN)/python -m pytest -m sweep -s -q tests/export/test_hostile_sweep.py
 
 bench: install
-	$(BIN)/python benchmarks/data_generation.py
+	$(BIN)/python benchmarks/speed/data_generation.py
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

@@ -12,7 +12,7 @@ import os
 
 # OpenMP threads that spin while they wait hold a core that another job needs: on a 2-core machine
 # running one other CPU-bound job, a run with 2 spinning torch threads took 6-8 s per step where
-# 1 thread took 0.7 s, and 2 threads that sleep while they wait 0.4 s (benchmarks/threads.py).
+# 1 thread took 0.7 s, and 2 threads that sleep while they wait 0.4 s (benchmarks/decisions/threads.py).
 # The policy is read once, when torch loads OpenMP, so it is set here, before any torch import;
 # a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -27,6 +27,8 @@ _EXPORTS = {
     **dict.fromkeys(["UserError", "ConfigError", "PluginError", "ResourceError", "TrainingDiverged", "RunsFailed"],
                     "lengthgen.errors"),
     "Config": "lengthgen.config.schema",
+    "EvalSettings": "lengthgen.evaluation.settings",  # the options of evaluate, as one object
+    "ReproduceRequest": "lengthgen.reproduction.request",  # the options of reproduce, as one object
     "PositionalScheme": "lengthgen.model.scheme_base",
     "Task": "lengthgen.tasks.base",
     "Batch": "lengthgen.tasks.base",

@@ -5,26 +5,36 @@
     rows = run.evaluate(lengths=range(1, 25), stops=["oracle"])
     run = lengthgen.load("runs/p")
     report = lengthgen.reproduce("looped", tasks=["parity"], arms=["looped", "ntp"], seeds=1, out="runs/demo")
+    rows = lengthgen.evaluate("runs/p", "1:40", stops=["oracle", "confidence"])  # keywords: lengthgen.EvalSettings
 
 Each command of the CLI (lengthgen.cli) is a thin layer over one function here: it parses its flags,
 calls the function and prints what it returns, so the two cannot drift. Errors are the commands' own
 one-line errors, raised as exceptions (`lengthgen.ConfigError`, `lengthgen.UserError`, ...), never
 SystemExit. Overrides are a dict of dotted keys (`{"train.steps": 300, "task.options": {"k": 3}}`)
-or the CLI's `KEY=VALUE` strings. Nothing heavy is imported until a function runs.
+or the CLI's `KEY=VALUE` strings. The options of `evaluate` and `reproduce` are the fields of one
+object each, `EvalSettings` (lengthgen.evaluation.settings) and `ReproduceRequest`
+(lengthgen.reproduction.request), which document them: give the keywords, or the object (and
+keywords replacing some of its fields). Nothing heavy is imported until a function runs.
 """
 from __future__ import annotations
 
 import csv
+import difflib
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lengthgen.config.presets import Preset, bundled
-from lengthgen.config.schema import Config, from_data, parse_lengths, read, to_dict, toml_value, with_overrides
+from lengthgen.config.schema import Config
 from lengthgen.errors import UserError, path_problem
 from lengthgen.plugins import load as load_plugins
+
+if TYPE_CHECKING:  # the annotations' classes; their modules load when a function runs
+    from lengthgen.evaluation.settings import EvalSettings
+    from lengthgen.reproduction.request import ReproduceRequest
 
 Overrides = Mapping[str, object] | Sequence[str] | None
 PresetLike = str | Path | Config | None
@@ -32,13 +42,8 @@ PresetLike = str | Path | Config | None
 
 def override_strings(overrides: Overrides) -> list[str]:
     """`{"train.steps": 300}` -> ["train.steps=300"]; a list of KEY=VALUE strings as it is."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, Mapping):
-        return [f"{key}={toml_value(value)}" for key, value in overrides.items()]
-    if isinstance(overrides, str):  # one "KEY=VALUE" string: not a sequence of one-letter overrides
-        return [overrides]
-    return [str(text) for text in overrides]
+    from lengthgen.reproduction.request import override_texts
+    return list(override_texts(overrides))
 
 
 def load_config(preset: PresetLike = None, overrides: Overrides = None, plugins: Iterable[str] = ()) -> Config:
@@ -48,13 +53,10 @@ def load_config(preset: PresetLike = None, overrides: Overrides = None, plugins:
 
 
 def assembled_config(preset: PresetLike, overrides: Overrides, plugins: Iterable[str]):
-    """The assembled run (lengthgen.assembly.Run) of `load_config`'s arguments."""
-    from lengthgen.assembly import checked, derived_defaults
+    """The assembled run (lengthgen.assembly.runs.Run) of `load_config`'s arguments."""
+    from lengthgen.assembly.runs import new_run
 
-    sets = override_strings(overrides)
-    cfg = with_overrides(from_data(to_dict(preset)), sets) if isinstance(preset, Config) else read(preset, sets)
-    cfg.plugins = list(dict.fromkeys(cfg.plugins + load_plugins(list(plugins))))  # the preset's own first
-    return derived_defaults(checked(cfg))
+    return new_run(preset, override_strings(overrides), list(plugins))  # the preset's plugins first, then these
 
 
 def train(preset: PresetLike = None, overrides: Overrides = None, *, out: str | Path | None = None,
@@ -97,43 +99,48 @@ def load(folder: str | Path) -> TrainedRun:
     return TrainedRun(folder)
 
 
-def evaluate(folder: str | Path, lengths=None, samples: int | None = None, *, stops: Sequence[str] | None = None,
-             batch_size: int | None = None, seed: int | None = None, per_step: bool = False,
-             sweep: Mapping[str, list] | None = None, position_draws: int | None = None, compile: bool = False,
-             out: str | Path | None = None, progress: bool = True) -> list[dict]:
+def evaluate(folder: str | Path, lengths=None, samples: int | None = None, *, settings: EvalSettings | None = None,
+             **options) -> list[dict]:
     """Evaluate a run at `lengths` (a spec such as "1:40" or "8,16", an int, or ints such as
     range(1, 25); default the run's eval.lengths) with `samples` per length (default eval.samples);
     writes eval.csv (into `out` instead of the run folder where given) and returns its new rows as
-    dicts. `stops`: stop rules of a looped run ("oracle", "fixed:12", "confidence", ...);
-    `sweep`: task options (or position.scaling) to evaluate each value of; `per_step`: a looped
-    run's accuracy after every iteration too (per_step.csv)."""
-    from lengthgen.config.schema import MAX_EVAL_SEED
+    dicts. The other keywords are the fields of `lengthgen.EvalSettings`, which documents each:
+    `stops` (stop rules of a looped run: "oracle", "fixed:12", "confidence", ...), `batch_size`,
+    `seed`, `per_step` (a looped run's accuracy after every iteration too, per_step.csv), `sweep`
+    (task options, or position.scaling, to evaluate each value of), `position_draws`, `compile`,
+    `out`, `progress`. `settings`: an EvalSettings to start from, whose fields the keywords replace.
+    A keyword that names no setting is a TypeError naming it."""
     from lengthgen.evaluation.evaluate import evaluate_run, latest_state, run_folder
+    from lengthgen.evaluation.settings import EvalSettings
 
-    if samples is not None and samples < 1:
-        raise UserError(f"--samples must be >= 1, got {samples}")
-    if seed is not None and not 0 <= seed < MAX_EVAL_SEED:
-        raise UserError(f"--seed must be in [0, 2**40), as eval.seed, got {seed}")
-    if batch_size is not None and batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-    if position_draws is not None and not 1 <= position_draws <= 1000:
-        raise UserError(f"--position-draws must be in [1, 1000], got {position_draws}")
-    stops = [stops] if isinstance(stops, str) else list(stops or [])
-    check_stops(stops)
-    lengths = None if lengths is None else length_list(lengths)  # refused before the run is loaded
-    draws = position_draws if position_draws is not None and position_draws > 1 else None
-    if lengths is None or samples is None or stops or per_step or draws:
-        run = latest_state(folder)[2]  # what the options need of the run
-        check_against_run(run, run_folder(folder), stops, per_step, draws)
-        lengths = run.cfg.eval.lengths if lengths is None else lengths
-        samples = run.cfg.eval.samples if samples is None else samples
-    return evaluate_run(Path(folder), length_list(lengths) if isinstance(lengths, str) else lengths, samples, batch_size, seed, stops=stops or None,
-                        per_step=per_step, progress=progress, sweep=dict(sweep) if sweep else None,
-                        out=Path(out) if out is not None else None, position_draws=position_draws,
-                        compile=True if compile else None)
+    given = {name: value for name, value in (("lengths", lengths), ("samples", samples)) if value is not None}
+    settings = with_options(EvalSettings, settings, {**given, **options}, "evaluate")  # each value checked
+    check_stops(settings.stops)  # before the run is loaded
+    if settings.lengths is None or settings.samples is None or settings.stops or settings.per_step or \
+            (settings.position_draws or 1) > 1:
+        check_against_run(latest_state(folder)[2], run_folder(folder), settings)  # what the settings need of the run
+    return evaluate_run(Path(folder), settings)
 
 
-def check_stops(stops: list[str]) -> None:
+def with_options(kind: type, given, options: dict, function: str):
+    """`given` (a `kind`, or None: `kind`'s defaults) with `options` replacing its fields. The
+    keywords of `function` are the fields of `kind`: one that names none is a TypeError of one line
+    naming it, the closest field and every field."""
+    names = [f.name for f in fields(kind)]
+    for name in options:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}"
+                            + (f" (did you mean {close[0]}?)" if close else "")
+                            + f"; its options, the fields of lengthgen.{kind.__name__}: {', '.join(names)}")
+    if given is None:
+        return kind(**options)
+    if not isinstance(given, kind):
+        raise TypeError(f"{function}() takes its options as a lengthgen.{kind.__name__}, got {type(given).__name__}")
+    return replace(given, **options)
+
+
+def check_stops(stops: Sequence[str]) -> None:
     """Each stop rule parsed (loop counts past any run's need refused) before the run is loaded."""
     from lengthgen.methods.looped.stop_rules import parse_rule
 
@@ -144,61 +151,34 @@ def check_stops(stops: list[str]) -> None:
         raise UserError(str(err)) from None
 
 
-def check_against_run(run, folder: Path, stops: list[str], per_step: bool, draws: int | None) -> None:
-    """--stop and --per-step need a method with stop rules, --position-draws a transform that draws IDs."""
-    for flag, given in (("--stop", stops), ("--per-step", per_step)):
+def check_against_run(run, folder: Path, settings: EvalSettings) -> None:
+    """--stop and --per-step need a method with stop rules, --position-draws (above 1) a transform
+    that draws IDs at evaluation."""
+    for flag, given in (("--stop", settings.stops), ("--per-step", settings.per_step)):
         if given and not run.method.has_stop_rules:
             raise UserError(f"{flag} applies to methods with stop rules (looped); {folder} was trained with method "
                             f"{run.cfg.method!r}")
-    if draws and not run.transform.random_at_evaluation:
+    draws = settings.position_draws or 1
+    if draws > 1 and not run.transform.random_at_evaluation:
         raise UserError(f"--position-draws {draws} applies to runs whose position transform draws IDs at evaluation "
                         f"(randomized); {folder} was trained with {run.cfg.data.position_transform!r}")
 
 
-def length_list(lengths) -> list[int]:
-    """Test lengths from a spec ("1:40", "10:50:10", "8,16,32"), an int, or ints, checked as eval.lengths."""
-    if isinstance(lengths, int) and not isinstance(lengths, bool):
-        lengths = str(lengths)
-    elif not isinstance(lengths, str):
-        items = list(lengths)
-        if not items or not all(isinstance(n, int) and not isinstance(n, bool) for n in items):
-            raise UserError(f"lengths must be a spec such as '1:40', an int, or ints, got {items!r:.60}")
-        lengths = ",".join(map(str, items))
-    return parse_lengths(lengths)
-
-
-def reproduce(paper: str | Path, *, tasks: Sequence[str] | str | None = None, arms: Sequence[str] | str | None = None,
-              seeds: int | None = None, scale: str | None = None, out: str | Path | None = None,
-              workers: int | None = None, threads: int = 0, samples: int = 0, overrides: Overrides = None,
-              axes: Mapping[str, Sequence] | None = None, plugins: Iterable[str] = (), progress: bool = True,
-              stack_seeds: bool = False, backend: str = "local", address: str | None = None,
-              gpus_per_job: float | None = None) -> Report:
+def reproduce(paper: str | Path, request: ReproduceRequest | None = None, /, **options) -> Report:
     """Train, evaluate and report a paper's grid (a name of `papers()`, or a folder holding a
-    grid.toml). `tasks`, `arms`: the grid's names (default its default ones); `axes`: some values of
-    the grid's axes, or new ones ({"model.position": ["half_rope", "rope"]}: a plugin's scheme beside
-    a baseline); `overrides`: for every run; `plugins`: imported here and by every worker, recorded in
-    each run. Finished runs are kept, so a rerun continues. Returns the report; RunsFailed (with the
-    others' report) if some runs failed."""
+    grid.toml). The keywords are the fields of `lengthgen.ReproduceRequest`, which documents each:
+    `tasks`, `arms` (the grid's names; default its default ones), `scale`, `seeds`, `out`,
+    `workers`, `threads`, `samples`, `overrides` (for every run), `axes` (some values of the grid's
+    axes, or new ones: {"model.position": ["half_rope", "rope"]}, a plugin's scheme beside a
+    baseline), `plugins` (imported here and by every worker, recorded in each run), `progress`,
+    `stack_seeds`, `backend` ("local" or "ray"), `address`, `gpus_per_job`. `request`: a
+    ReproduceRequest to start from, whose fields the keywords replace. A keyword that names no
+    option is a TypeError naming it. Finished runs are kept, so a rerun continues. Returns the
+    report; RunsFailed (with the others' report) if some runs failed."""
+    from lengthgen.reproduction.request import ReproduceRequest
     from lengthgen.reproduction.runner import reproduce as run_grid
 
-    split = lambda names: [n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else names  # noqa: E731
-    tasks, arms = split(tasks), split(arms)
-    for kind, given in (("tasks", tasks), ("arms", arms)):
-        if given is not None and not list(given):  # "--tasks ,": refused rather than read as "all of them"
-            raise UserError(f"--{kind} names no {kind[:-1]}; leave it out to run the default ones")
-    plugins = load_plugins(list(plugins))
-    axes = {str(key): [value_text(v) for v in values] for key, values in (axes or {}).items()}
-    path = run_grid(str(paper), scale, seeds, list(tasks) if tasks is not None else None,
-                    list(arms) if arms is not None else None, Path(out) if out is not None else None, workers,
-                    samples, progress=progress, extra=override_strings(overrides), threads=threads, backend=backend,
-                    address=address, gpus_per_job=gpus_per_job, axes=axes, stack_seeds=stack_seeds, plugins=plugins)
-    return Report(path)
-
-
-def value_text(value) -> str:
-    """An axis value as a folder name and --axis spell it (0.5, true, rope)."""
-    from lengthgen.results.rows import cell
-    return value if isinstance(value, str) else cell(value)
+    return Report(run_grid(str(paper), with_options(ReproduceRequest, request, options, "reproduce")))
 
 
 def report(dirs: str | Path | Sequence[str | Path], out: str | Path | None = None, *, heatmaps: Sequence[str] = (),

@@ -100,7 +100,7 @@ def cmd_eval(args) -> None:
             sweep[key] = values
     rows = api.evaluate(args.run, args.lengths, args.samples, stops=args.stop.split(",") if args.stop else None,
                         batch_size=args.batch_size, seed=args.seed, per_step=args.per_step, sweep=sweep,
-                        position_draws=args.position_draws, compile=args.compile, out=args.out,
+                        position_draws=args.position_draws, compile=True if args.compile else None, out=args.out,
                         progress=not args.no_progress)
     swept = [k for k in rows[0] if k not in COLUMNS and not is_label(k) and k not in metric_names(rows[0])]
     group = lambda r: (r["stop"], *(r[k] for k in swept))  # noqa: E731

@@ -3,7 +3,7 @@
     python scripts/confidence_ranks.py RUN_DIR [LENGTH ...]
 
 For each length, on 512 samples drawn in one batch from the run's evaluation
-seed (the draw the numbers in docs/results.md were measured on; `lengthgen
+seed (the draw the numbers in docs/results/looped.md were measured on; `lengthgen
 eval` draws its test set 256 at a time, so its samples differ): the
 share of samples whose right step T(n) is their most confident one (what
 per-sample stopping needs), the median confidence loss at the right step and at

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from lengthgen.evaluation.dependence import measure
+from lengthgen.evaluation.language_model import Scorer
 from lengthgen.results.token_files import (DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, read_dependence, read_token_losses,
                                            write_cost, write_dependence)
 from lengthgen.results.rows import read_labels, read_rows, with_labels, write_rows
@@ -49,8 +50,8 @@ def main() -> None:
     losses = read_token_losses(folder / TOKEN_LOSS)
     start = time.perf_counter()
     with torch.no_grad():
-        rows, cost = measure(method, model, task.corpus.tokens("test"), losses, cfg.eval.token_contexts, options,
-                             cfg.eval.batch_size * cfg.task.train_max, torch.device("cpu"))
+        scorer = Scorer(method, model, cfg.eval.batch_size * cfg.task.train_max, torch.device("cpu"))
+        rows, cost = measure(scorer, task.corpus.tokens("test"), losses, cfg.eval.token_contexts, options)
     seconds = time.perf_counter() - start
     if out is not None:
         copy = out / folder.name

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import torch
 
-from lengthgen.assembly import training_positions
+from lengthgen.assembly.runs import training_positions
 from lengthgen.config.schema import MAX_LENGTH
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import load_assembled

@@ -1,5 +1,4 @@
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -48,7 +47,3 @@ def registries():
     plugins._loaded.clear()
     plugins._loaded.update(loaded)
 
-
-# The helpers beside this file (tiny_runs, toy_papers, golden, task_checks, preset_tables) are
-# imported by name from the test files in the subfolders, which mirror the package's layers.
-sys.path.insert(0, str(Path(__file__).resolve().parent))

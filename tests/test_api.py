@@ -13,8 +13,8 @@ from lengthgen import api, cli
 from lengthgen.config.presets import EXPERIMENTS
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.results.rows import read_rows
-from tiny_runs import TINY
-from toy_papers import positions_grid, toy_paper, toy_preset
+from tests.helpers.tiny_runs import TINY
+from tests.helpers.toy_papers import positions_grid, toy_paper, toy_preset
 
 OVERRIDES = dict(item.split("=", 1) for item in TINY)  # the tiny run, as a dict of the values' TOML text
 
@@ -68,6 +68,44 @@ def test_errors_are_exceptions_of_one_line_and_nothing_is_written(tmp_path, call
         call(tmp_path)
     assert "\n" not in str(raised.value) and not isinstance(raised.value, SystemExit)
     assert not (tmp_path / "r").exists()
+
+
+def test_the_options_of_evaluate_and_reproduce_are_one_object_each(tmp_path, monkeypatch):
+    """Keywords or the object, the object's fields replaced by the keywords beside it; values put in
+    one form as the object is made; an unknown keyword a TypeError of one line naming it."""
+    from lengthgen.evaluation import evaluate as evaluator
+    from lengthgen.reproduction import runner
+
+    asked = []
+    monkeypatch.setattr(runner, "reproduce", lambda paper, request: asked.append((paper, request)) or tmp_path / "r.md")
+    monkeypatch.setattr(evaluator, "evaluate_run", lambda folder, settings: asked.append((folder, settings)) or [])
+    lengthgen.reproduce("looped", scale="cpu", seeds=1, tasks="parity, copy", overrides={"train.steps": 3},
+                        axes={"task.options.k": [2, True]})
+    assert asked[-1] == ("looped", lengthgen.ReproduceRequest(scale="cpu", seeds=1, tasks=("parity", "copy"),
+                                                              overrides=("train.steps=3",),
+                                                              axes={"task.options.k": ["2", "true"]}))
+    base = lengthgen.ReproduceRequest(scale="cpu", seeds=2, out=str(tmp_path))
+    assert isinstance(lengthgen.reproduce("looped", base, seeds=1), api.Report)
+    assert asked[-1][1] == lengthgen.ReproduceRequest(scale="cpu", seeds=1, out=tmp_path)
+    lengthgen.evaluate(tmp_path, "2,4", 8, settings=lengthgen.EvalSettings(batch_size=4, samples=16), seed=7)
+    assert asked[-1] == (tmp_path, lengthgen.EvalSettings(lengths=(2, 4), samples=8, batch_size=4, seed=7))
+    for call, said in ((lambda: lengthgen.reproduce("looped", seed=1), r"'seed' \(did you mean seeds\?\)"),
+                       (lambda: lengthgen.evaluate(tmp_path, stop="oracle"), r"'stop' \(did you mean stops\?\)"),
+                       (lambda: lengthgen.reproduce("looped", {"scale": "cpu"}), "takes its options as a")):
+        with pytest.raises(TypeError, match=said) as raised:
+            call()
+        assert "\n" not in str(raised.value)
+    assert "ReproduceRequest: scale, seeds, tasks" in str(pytest.raises(TypeError, lengthgen.reproduce, "p", x=1).value)
+
+
+def test_every_option_is_documented_in_its_docstring_and_in_the_api_page():
+    from dataclasses import fields
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    for kind in (lengthgen.EvalSettings, lengthgen.ReproduceRequest):
+        for field in fields(kind):
+            assert f"    {field.name}: " in kind.__doc__, (kind.__name__, field.name)
+            assert f"`{field.name}`" in page, (kind.__name__, field.name)
 
 
 def test_reproduce_returns_its_report(tmp_path):

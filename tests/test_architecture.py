@@ -30,6 +30,7 @@ LAYERS = [
     ["lengthgen.model"],
     ["lengthgen.methods"],
     ["lengthgen.runtime"],
+    ["lengthgen.accel"],  # fast paths over the model's math; below them, nothing imports them (the accel rule)
     ["lengthgen.assembly"],  # a run assembled: its config checked against every registry once, its parts built once
     ["lengthgen.training"],  # its hooks (tests during training) are handed in by its caller
     ["lengthgen.evaluation"],
@@ -47,9 +48,10 @@ REPORTING_READS = ("lengthgen.errors", "lengthgen.config.schema", "lengthgen.con
 DRAWN_FROM_A_RUN = {("figures.py", "plot_attention"), ("gain.py", "example_tokens")}
 # the evaluator asks a method for its read-out (Method.stops, Method.read_out): only methods/ knows the looped family
 LOOPED = "lengthgen.methods.looped"
-NO_NAMES = ["results/rows.py", "reproduction/grid.py", "reproduction/runner.py", "reproduction/jobs.py", "evaluation/evaluate.py",
-            "reporting/series.py", "reporting/figures.py", "reporting/report.py", "training/trainer.py", "config/checks.py",
-            "assembly/__init__.py", "cli.py", "api.py", "register.py", "plugins.py"]
+NO_NAMES = ["results/rows.py", "reproduction/grid.py", "reproduction/runner.py", "reproduction/jobs.py",
+            "evaluation/evaluate.py", "reporting/series.py", "reporting/figures.py", "reporting/report.py",
+            "training/trainer.py", "config/checks.py", "assembly/runs.py", "assembly/checks.py", "cli.py", "api.py",
+            "register.py", "plugins.py"]
 
 
 def module_name(path: Path) -> str:
@@ -176,7 +178,7 @@ def reporting_loads_beyond_results(graph: dict[str, set[str]]) -> list[str]:
 
 def test_every_module_is_in_a_layer():
     graph = the_graph()
-    assert "lengthgen.assembly" in graph["lengthgen.training.trainer"]  # the parser sees the imports
+    assert "lengthgen.assembly.runs" in graph["lengthgen.training.trainer"]  # the parser sees the imports
     # the schema is plain data, at the bottom, beside the translation of earlier versions' keys (plain dicts),
     # the bundled presets' folder, and the rule that makes a plugin file's path absolute
     assert graph["lengthgen.config.schema"] <= {"lengthgen.errors", "lengthgen.config.upgrade", "lengthgen.config.presets",
@@ -220,7 +222,7 @@ def test_a_planted_model_import_in_reporting_fails():
 
 def test_importing_every_module_leaves_the_compiler_unloaded():
     """torch._dynamo takes 2.6 s to import (as long as torch itself): every command, script and
-    worker process would pay it, and only compiled runs need it (model/compiling.py loads it)."""
+    worker process would pay it, and only compiled runs need it (accel/compiling.py loads it)."""
     modules = sorted(module_name(p) for p in PACKAGE.rglob("*.py") if p.name != "__main__.py")
     code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
             "print(sorted(k for k in sys.modules if k.startswith(('torch._dynamo', 'torch._inductor'))))")
@@ -245,6 +247,33 @@ def test_a_planted_looped_import_in_the_evaluator_fails():
     assert looped_imports_of_evaluation(graph) == [f"lengthgen.evaluation.evaluate imports {LOOPED}.stop_rules"]
 
 
+ACCEL = "lengthgen.accel"
+# the layers the fast paths sit on: they depend on these, and none of these may depend on them
+BELOW_ACCEL = ("lengthgen.model", "lengthgen.methods", "lengthgen.tasks", "lengthgen.config", "lengthgen.runtime")
+
+
+def imports_of_accel_from_below(graph: dict[str, set[str]]) -> list[str]:
+    """The model's (and the layers under the fast paths') imports of lengthgen.accel, at the top or
+    inside a function: the model holds the math, and a fast path extends it from above."""
+    return sorted(f"{module} imports {target}" for module, targets in graph.items()
+                  if module.startswith(BELOW_ACCEL) for target in targets
+                  if target == ACCEL or target.startswith(ACCEL + "."))
+
+
+def test_the_model_imports_nothing_from_the_fast_paths():
+    assert imports_of_accel_from_below(the_graph()) == []
+    private = [str(p.relative_to(PACKAGE.parent)) for p in (PACKAGE / "model").rglob("*.py")
+               if "torch._C" in p.read_text()]
+    assert private == []  # no private torch API in the model
+
+
+def test_a_planted_accel_import_in_the_model_fails():
+    graph = the_graph()
+    graph["lengthgen.model.attention"] = graph["lengthgen.model.attention"] | {f"{ACCEL}.narrow_attention"}
+    assert imports_of_accel_from_below(graph) == [f"lengthgen.model.attention imports {ACCEL}.narrow_attention"]
+    assert f"lengthgen.model.attention imports {ACCEL}.narrow_attention, a layer above it" in layer_violations(graph)
+
+
 def test_the_import_graph_has_no_cycle():
     assert cycle(the_graph()) is None
 
@@ -258,7 +287,7 @@ def test_the_code_that_runs_configs_grids_and_reports_names_no_paper_task_or_met
 def test_validation_names_no_scheme_or_transform_either():
     """Each variant checks its own settings (`check` on tasks, methods and schemes; attributes of
     transforms and schemes), so validation asks capabilities, never names."""
-    for file in ("config/checks.py", "assembly/__init__.py"):
+    for file in ("config/checks.py", "assembly/runs.py", "assembly/checks.py"):
         named = names_in((PACKAGE / file).read_text(), variants=True)
         assert not named, f"lengthgen/{file} names {sorted(named)}"
 
@@ -300,9 +329,9 @@ def test_a_function_receives_the_section_it_reads():
     assert whole_config_for_one_section(handed_on) == []
 
 @pytest.mark.parametrize("module, target", [("lengthgen.model.transformer", "lengthgen.reporting.report"),
-                                            ("lengthgen.config.checks", "lengthgen.assembly"),
-                                            ("lengthgen.runtime.checkpoint", "lengthgen.assembly"),
-                                            ("lengthgen.assembly", "lengthgen.evaluation.evaluate"),
+                                            ("lengthgen.config.checks", "lengthgen.assembly.checks"),
+                                            ("lengthgen.runtime.checkpoint", "lengthgen.assembly.runs"),
+                                            ("lengthgen.assembly.runs", "lengthgen.evaluation.evaluate"),
                                             ("lengthgen.training.trainer", "lengthgen.evaluation.during_training"),
                                             ("lengthgen.tasks.copy", "lengthgen.training.trainer")])
 def test_a_planted_import_from_above_fails(module, target):
@@ -315,7 +344,7 @@ def test_a_planted_cycle_and_a_planted_name_fail():
     graph = the_graph()
     graph["lengthgen.errors"] = {"lengthgen.cli"}
     assert cycle(graph) is not None
-    validation = (PACKAGE / "assembly" / "__init__.py").read_text()
+    validation = (PACKAGE / "assembly" / "checks.py").read_text()
     assert names_in(validation + '\n\ndef check_copy(cfg):\n    return cfg.task.name == "copy"\n') == {"copy"}
     planted = validation + '\n\ndef check_rope(cfg):\n    return cfg.model.position == "rope"\n'
     assert names_in(planted) == set() and names_in(planted, variants=True) == {"rope"}
@@ -323,16 +352,17 @@ def test_a_planted_cycle_and_a_planted_name_fail():
 
 def test_the_tests_mirror_the_package():
     """A test file sits in the folder of the layer it tests (tests/<subpackage>/); the files at the
-    top test the whole (architecture, CLI, the Python API, plugins, examples, the wheel, golden runs,
-    bad input, scripts)."""
+    top test the whole (architecture, the shape of its functions, CLI, the Python API, plugins, examples,
+    the wheel, golden runs, bad input, scripts); tests/helpers/ holds what they share."""
     layers = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     tests = PACKAGE.parent / "tests"
-    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("__pycache__", "helpers")}
     assert folders <= layers, f"test folders without a layer: {sorted(folders - layers)}"
     assert layers - folders <= set(), f"layers without tests: {sorted(layers - folders)}"
     top = {p.name for p in tests.glob("test_*.py")}
     assert top == {"test_architecture.py", "test_bad_input.py", "test_benchmarks.py", "test_cli.py", "test_golden.py",
-                   "test_scripts.py", "test_api.py", "test_plugins.py", "test_examples.py", "test_wheel.py"}
+                   "test_scripts.py", "test_api.py", "test_plugins.py", "test_examples.py", "test_wheel.py",
+                   "test_function_shape.py"}
 
 
 def documented_layers(text: str) -> list[list[str]]:

@@ -14,7 +14,7 @@ from lengthgen.runtime import checkpoint
 
 from lengthgen.config import schema as config
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError, UserError
 from lengthgen.evaluation.evaluate import load_run
 from lengthgen.runtime.devices import pick_device
@@ -29,7 +29,7 @@ TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy
 def finished_run(tmp_path_factory):
     """One tiny finished run; tests damage copies of it."""
     folder = tmp_path_factory.mktemp("finished") / "run"
-    train(assembly.load(None, TINY), folder, progress=False)
+    train(new_run_config(None, TINY), folder, progress=False)
     return folder
 
 
@@ -72,40 +72,40 @@ def one_line(err) -> str:
 ])
 def test_impossible_values_are_refused_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, overrides)
+        new_run_config(None, overrides)
     message = one_line(err)
     for name in names:
         assert name in message
 
 
 def test_integer_betas_become_floats_adamw_accepts():
-    cfg = assembly.load(None, ["optim.betas=[0, 0.99]"])
+    cfg = new_run_config(None, ["optim.betas=[0, 0.99]"])
     assert cfg.optim.betas == [0.0, 0.99] and all(isinstance(b, float) for b in cfg.optim.betas)
     torch.optim.AdamW(decay_params(torch.nn.Linear(2, 2)), betas=tuple(cfg.optim.betas))
 
 
 def test_position_table_that_fits_the_training_lengths_is_accepted():
     # copy at train_max 12 reads 12 + 1 + 11 input tokens (the last answer token is only a target)
-    assembly.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=24"])
+    new_run_config(None, ["task.name=copy", "model.position=learned", "model.max_positions=24"])
     with pytest.raises(ConfigError, match="at least 24"):
-        assembly.load(None, ["task.name=copy", "model.position=learned", "model.max_positions=23"])
+        new_run_config(None, ["task.name=copy", "model.position=learned", "model.max_positions=23"])
 
 
 def test_eval_lengths_accepts_a_bare_integer(tmp_path):
-    cfg = assembly.load(None, ["eval.lengths=24"])
+    cfg = new_run_config(None, ["eval.lengths=24"])
     assert cfg.eval.lengths == "24" and config.parse_lengths(cfg.eval.lengths) == [24]
     preset = tmp_path / "p.toml"
     preset.write_text("[eval]\nlengths = 7\n")
-    assert assembly.load(preset).eval.lengths == "7"
+    assert new_run_config(preset).eval.lengths == "7"
 
 
 def test_preset_that_is_not_utf8_or_is_a_directory(tmp_path):
     latin = tmp_path / "latin.toml"
     latin.write_bytes("# caf\xe9\n[model]\nd_model = 32\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="UTF-8"):
-        assembly.load(latin)
+        new_run_config(latin)
     with pytest.raises(ConfigError, match="is a folder, not a TOML file"):
-        assembly.load(tmp_path)
+        new_run_config(tmp_path)
 
 
 def test_unavailable_device_is_refused(monkeypatch):
@@ -122,7 +122,7 @@ def test_unavailable_device_is_refused(monkeypatch):
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     file = tmp_path / "notes.txt"
     file.write_text("keep me")
-    cfg = assembly.load(None, TINY)
+    cfg = new_run_config(None, TINY)
     for folder in (file, file / "sub"):
         with pytest.raises(UserError, match="is a file, not a folder"):
             train(cfg, folder, progress=False)
@@ -187,7 +187,7 @@ def test_checkpoint_records_digests_and_older_ones_still_load(run):
 
 def test_optimizer_state_of_another_model_is_refused(run, tmp_path):
     other = tmp_path / "other"
-    train(assembly.load(None, TINY + ["model.d_model=32"]), other, progress=False)
+    train(new_run_config(None, TINY + ["model.d_model=32"]), other, progress=False)
     swapped = checkpoint.latest(run) / "optimizer.pt"
     shutil.copy(checkpoint.latest(other) / "optimizer.pt", swapped)
     with pytest.raises(UserError, match="sha256"):

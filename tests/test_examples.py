@@ -1,5 +1,5 @@
 """Every example of examples/ runs as its docstring says, at a tiny size; the plugin task is checked
-against a brute-force count as the built-in tasks are (tests/task_checks.py)."""
+against a brute-force count as the built-in tasks are (tests/helpers/task_checks.py)."""
 from __future__ import annotations
 
 import csv

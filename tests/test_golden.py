@@ -1,12 +1,12 @@
-"""The same results from the same seeds: each method family's tiny run against tests/golden.json
-(tests/golden.py says how it was made and when to regenerate it)."""
+"""The same results from the same seeds: each method family's tiny run against
+tests/helpers/golden.json (tests/helpers/golden.py says how it was made and when to regenerate it)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from golden import FAMILIES, GOLDEN, run
+from tests.helpers.golden import FAMILIES, GOLDEN, run
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -19,7 +19,7 @@ from lengthgen import register
 from lengthgen.cli import main
 from lengthgen.errors import PluginError
 from lengthgen.model.positions import SCHEMES
-from tiny_runs import TINY, killed_after, one_line_error
+from tests.helpers.tiny_runs import TINY, killed_after, one_line_error
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "plugins"
 HALF_ROPE = EXAMPLES / "half_rope.py"
@@ -69,7 +69,8 @@ def test_names_are_held_once(registries):
     class First(lengthgen.Task):
         pass
 
-    with pytest.raises(PluginError, match=r"'twice' is already held by .*First of plugin test_plugins; register Second"):
+    with pytest.raises(PluginError,  # tests/ is a package: this module is tests.test_plugins
+                       match=r"'twice' is already held by .*First of plugin tests\.test_plugins; register Second"):
         register.task("twice")(type("Second", (lengthgen.Task,), {}))
     again = type("First", (lengthgen.Task,), {"__module__": First.__module__, "__qualname__": First.__qualname__})
     register.task("twice")(again)  # the same definition run again (a notebook cell): it replaces the first
@@ -85,7 +86,7 @@ def test_every_kind_registers_and_runs(registries, tmp_path):
     plugin = write(tmp_path / "kinds.py", '''
         from lengthgen import PositionTransform, StopRule, register
         from lengthgen.methods.looped.stop_passes import fixed
-        from lengthgen.methods.registry import Looped
+        from lengthgen.methods.looped.methods import Looped
         from lengthgen.model.position_transforms import base_ids, real_columns
         from dataclasses import replace
         import torch

@@ -44,7 +44,7 @@ def test_the_wheel_carries_every_grid_and_preset(unpacked):
     in_checkout = {p.relative_to(EXPERIMENTS) for p in EXPERIMENTS.rglob("*.toml")}
     assert shipped == in_checkout and len(shipped) > 80
     assert {p.name for p in (unpacked / "lengthgen" / "export").iterdir()} >= {"modeling_lengthgen.py.in"}
-    assert {p.name for p in (unpacked / "lengthgen" / "model").iterdir()} >= {"narrow_attention.c"}
+    assert {p.name for p in (unpacked / "lengthgen" / "accel").iterdir()} >= {"narrow_attention.c"}
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ task's are (`--set task.options.ones=0.7`; `task.options.onse` is refused, namin
 import torch
 
 from lengthgen import Task, register
-from lengthgen.tasks.base import assemble, end_with
+from lengthgen.tasks.base import end_with, make_batch
 
 
 @register.task("majority")
@@ -36,4 +36,4 @@ class Majority(Task):
         zero, equals = self.token_id("0"), self.token_id("=")
         question = end_with(bits + zero, n, equals)
         answer = (2 * bits.sum(1, keepdim=True) > n[:, None]).long() + zero  # (B, 1)
-        return assemble(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)
+        return make_batch(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)

@@ -4,8 +4,8 @@ Every field is typed and commented. Reading checks every key and type and raises
 ConfigError with a one-line message naming the key; the CLI turns that into exit
 code 2 before anything is written. This module sits at the bottom of the import
 graph: each section's own checks are lengthgen.config.checks; those that need the task, method,
-scheme or transform registries live in lengthgen.assembly, which assembles (reads, checks and
-builds) a run.
+scheme or transform registries live in lengthgen.assembly.checks, and lengthgen.assembly.runs assembles
+(reads, checks and builds) a run.
 """
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ class TrainConfig:
     threads: int = 0  # torch CPU threads, 0..1024; 0 = torch's default
     precision: str = "fp32"  # fp32, or bf16 (autocast mixed precision on CPU and GPU; weights stay fp32)
     # torch.compile each block (inductor, dynamic shapes), not for TRA and CoPE, which run eagerly with a
-    # note (lengthgen.model.compiling); the same weights and losses as eager, to float rounding
+    # note (lengthgen.accel.compiling); the same weights and losses as eager, to float rounding
     compile: bool = False
-    capture: bool = True  # on CUDA, each step shape's whole step as one CUDA graph (lengthgen.training.captured)
+    capture: bool = True  # on CUDA, each step shape's whole step as one CUDA graph (lengthgen.accel.captured)
     log_interval: int = 50  # steps between metric lines in metrics.jsonl
     checkpoint_interval: int = 500  # steps between checkpoints (one is always written at the end)
     log_to: list = field(default_factory=lambda: ["jsonl"])  # metric sinks: jsonl (always written), tensorboard, wandb
@@ -152,7 +152,7 @@ class EvalConfig:
     # a position transform that draws IDs at evaluation too (randomized): each test sample is read under
     # this many independent draws (from the evaluation seed) and every metric averaged over them
     position_draws: int = 1
-    compile: bool = False  # torch.compile each block for evaluation, as train.compile (lengthgen.model.compiling)
+    compile: bool = False  # torch.compile each block for evaluation, as train.compile (lengthgen.accel.compiling)
     # per-token evaluation of a language-model task (lengthgen.evaluation.language_model.token_losses -> RUN/token_loss.csv): each
     # scored test token is predicted from exactly c tokens of its own document, for every c here; [] = off
     token_contexts: list = field(default_factory=list)
@@ -248,7 +248,7 @@ def _apply(cfg, data: dict, prefix: str = "") -> None:
 
 def read(preset: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults <- preset TOML <- --set overrides, parsed and typed but not validated
-    against the registries (lengthgen.assembly.assemble does both)."""
+    against the registries (lengthgen.assembly.runs.new_run does both)."""
     cfg = Config()
     if preset is not None:
         path = preset_path(preset)  # a path, or the name of a bundled preset (looped/cpu/parity)

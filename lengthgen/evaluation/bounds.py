@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from lengthgen.errors import UserError
-from lengthgen.methods.registry import steps_at
+from lengthgen.methods.base import steps_at
 from lengthgen.tasks import Task
 
 # A loop count or a stop rule's window may reach LOOP_FACTOR x T(n) + LOOP_SLACK at the longest

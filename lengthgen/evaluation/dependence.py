@@ -33,7 +33,7 @@ import torch
 
 from lengthgen.config.dependence import Dependence
 from lengthgen.config.schema import EvalConfig
-from lengthgen.evaluation.language_model import ablated_losses, documents
+from lengthgen.evaluation.language_model import Scorer, ablated_losses, documents
 from lengthgen.model.attention import recording
 from lengthgen.results.token_files import DEPENDENCE, TOKEN_EVAL, TOKEN_LOSS, write_cost, write_dependence, write_token_losses
 
@@ -53,23 +53,22 @@ def selected(delta: np.ndarray, tau: float, top_p: float) -> tuple[np.ndarray, n
 
 
 @torch.no_grad()
-def attention_ranks(method, model, stream, index: np.ndarray, near: int, full: int, batch_tokens: int,
-                    device: torch.device) -> tuple[np.ndarray, int]:
+def attention_ranks(scorer: Scorer, stream, index: np.ndarray, near: int, full: int) -> tuple[np.ndarray, int]:
     """Far distances (near + 1 .. full) of each token, ranked by the attention its query gives
     them in the full pass (summed over layers, mean over heads), most attended first; and the
     passes run. (N, full - near)."""
     from lengthgen.evaluation.language_model import rows_batch
 
     ranks = np.zeros((len(index), full - near), dtype=np.int64)
-    rows = max(1, batch_tokens // full)
+    rows = max(1, scorer.batch_tokens // full)
     offsets = np.arange(-full, 0)
     for first in range(0, len(index), rows):
         chunk = index[first:first + rows]
         columns = chunk[:, None] + offsets[None, :]
         batch, last = rows_batch(stream, columns, np.full(len(chunk), full),
                                  np.broadcast_to(np.arange(full), columns.shape), chunk)
-        with recording(model, last_only=True) as recorder:
-            method.last_logits(model, batch.to(device), last.to(device))
+        with recording(scorer.model, last_only=True) as recorder:
+            scorer.method.last_logits(scorer.model, batch.to(scorer.device), last.to(scorer.device))
         mass = sum(chunks[-1][:, :, -1, :].float().mean(1) for chunks in recorder.weights.values())  # (rows, full)
         far = mass[:, :full - near].cpu().numpy()  # column j is distance full - j
         order = np.argsort(-far, axis=1, kind="stable")
@@ -77,15 +76,15 @@ def attention_ranks(method, model, stream, index: np.ndarray, near: int, full: i
     return ranks, len(index)
 
 
-def leave_one_out_ranks(method, model, stream, index: np.ndarray, near: int, full: int, full_loss: np.ndarray,
-                        batch_tokens: int, device: torch.device) -> tuple[np.ndarray, int]:
+def leave_one_out_ranks(scorer: Scorer, stream, index: np.ndarray, near: int, full: int,
+                        full_loss: np.ndarray) -> tuple[np.ndarray, int]:
     """Far distances of each token ranked by how much dropping that one far token alone raises
     its loss (largest first); full - near passes per token."""
     far_all = np.arange(near + 1, full + 1)
     ranks = np.zeros((len(index), len(far_all)), dtype=np.int64)
     for i, t in enumerate(index):
         drops = [np.delete(far_all, j) for j in range(len(far_all))]
-        losses = ablated_losses(method, model, stream, np.full(len(far_all), t), drops, near, full, batch_tokens, device)
+        losses = ablated_losses(scorer, stream, np.full(len(far_all), t), drops, near, full)
         order = np.argsort(-(losses - full_loss[i]), kind="stable")
         ranks[i] = far_all[order]
     return ranks, len(index) * len(far_all)
@@ -116,8 +115,8 @@ def bisect_k(loss_of, ranks: np.ndarray, near_loss: np.ndarray, full_loss: np.nd
     return hi, at_hi, probes
 
 
-def measure(method, model, stream, losses: dict[str, np.ndarray], contexts: list[int], options: dict,
-            batch_tokens: int, device: torch.device) -> tuple[list[dict], dict]:
+def measure(scorer: Scorer, stream, losses: dict[str, np.ndarray], contexts: list[int],
+            options: dict) -> tuple[list[dict], dict]:
     """The rows of dependence.csv for the tokens of `losses` (lengthgen.evaluation.language_model.token_losses, which
     must be the scored tokens of `stream` at these contexts) and what the search cost."""
     settings = Dependence(**options)
@@ -132,15 +131,13 @@ def measure(method, model, stream, losses: dict[str, np.ndarray], contexts: list
     index = starts[losses["document"][chosen]] + losses["position"][chosen]  # each token's place in the stream
     near_loss, full_loss = losses[f"loss_{near}"][chosen], losses[f"loss_{full}"][chosen]
     if settings.rank == "attention":
-        ranks, rank_passes = attention_ranks(method, model, stream, index, near, full, batch_tokens, device)
+        ranks, rank_passes = attention_ranks(scorer, stream, index, near, full)
     else:
-        ranks, rank_passes = leave_one_out_ranks(method, model, stream, index, near, full, full_loss,
-                                                 batch_tokens, device)
+        ranks, rank_passes = leave_one_out_ranks(scorer, stream, index, near, full, full_loss)
 
     def search(order: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         def loss_of(rows, m):
-            return ablated_losses(method, model, stream, index[rows], [order[r, :c] for r, c in zip(rows, m)],
-                                  near, full, batch_tokens, device)
+            return ablated_losses(scorer, stream, index[rows], [order[r, :c] for r, c in zip(rows, m)], near, full)
 
         return bisect_k(loss_of, order, near_loss, full_loss, settings.epsilon) if len(chosen) else \
             (np.zeros(0, np.int64), np.zeros(0), 0)
@@ -161,8 +158,7 @@ def measure(method, model, stream, losses: dict[str, np.ndarray], contexts: list
     return rows, cost
 
 
-def evaluate_tokens(out: Path, ev: EvalConfig, task, method, model, device: torch.device, batch_tokens: int,
-                    step: int = -1) -> dict | None:
+def evaluate_tokens(out: Path, ev: EvalConfig, task, scorer: Scorer, step: int = -1) -> dict | None:
     """The per-token evaluation of a run's config (eval.token_*) -> out/token_loss.csv, and with
     eval.dependence the search for k -> out/dependence.csv; their costs -> out/token_eval.json.
     Skipped (None) when token_eval.json records the same settings for the same checkpoint `step`
@@ -181,7 +177,7 @@ def evaluate_tokens(out: Path, ev: EvalConfig, task, method, model, device: torc
         print(f"note: {out / TOKEN_EVAL} records this evaluation of step {step}; per-token files kept", file=sys.stderr)
         return None
     start = time.perf_counter()
-    losses = token_losses(task, method, model, ev.token_contexts, ev.token_stride, ev.token_limit, batch_tokens, device)
+    losses = token_losses(task, scorer, ev.token_contexts, ev.token_stride, ev.token_limit)
     seconds = time.perf_counter() - start
     write_token_losses(out / TOKEN_LOSS, losses)
     n = len(losses["document"])
@@ -192,8 +188,7 @@ def evaluate_tokens(out: Path, ev: EvalConfig, task, method, model, device: torc
     write_cost(out / TOKEN_EVAL, "token_losses", cost)
     (out / DEPENDENCE).unlink(missing_ok=True)
     if ev.dependence:
-        rows, cost = measure(method, model, task.corpus.tokens("test"), losses, ev.token_contexts,
-                             ev.dependence_options, batch_tokens, device)
+        rows, cost = measure(scorer, task.corpus.tokens("test"), losses, ev.token_contexts, ev.dependence_options)
         write_dependence(out / DEPENDENCE, rows)
         cost["seconds_per_1000_tokens"] = 1000 * cost["seconds"] / max(cost["tokens"], 1)
         write_cost(out / TOKEN_EVAL, "dependence", cost)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from lengthgen.assembly import Run
+from lengthgen.assembly.runs import Run
 from lengthgen.config.schema import Config, TrainTestsConfig, parse_lengths
-from lengthgen.evaluation.evaluate import rules_at
+from lengthgen.evaluation.evaluate import Measure, rules_at
 from lengthgen.runtime.devices import autocast
 from lengthgen.results.metrics_log import PREFIX
 from lengthgen.tasks import Task, task_of
@@ -44,10 +44,11 @@ def run_tests(run: Run, tested: Task, model, current_max: int, device: torch.dev
     training = model.training
     model.eval()
     out = {}
+    ctx = Measure(method, model, te.samples, cfg.eval.batch_size, cfg.eval.seed, device, stops, transform=transform,
+                  draws=cfg.eval.position_draws)
     with torch.random.fork_rng(devices=[]), autocast(device, cfg.train.precision):
         for name, n in lengths:
-            results, _ = rules_at(tested, method, model, n, te.samples, cfg.eval.batch_size, cfg.eval.seed,
-                                  device, stops, transform=transform, draws=cfg.eval.position_draws)
+            results, _ = rules_at(ctx, tested, n)
             out.update({key(name, stop): results[stop]["accuracy"] for stop in stops})
     model.train(training)
     return out

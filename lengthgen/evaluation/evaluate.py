@@ -15,21 +15,23 @@ import hashlib
 import math
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.assembly import Run, assemble_saved, check_sweep
+from lengthgen.assembly.checks import check_sweep
+from lengthgen.assembly.runs import Run, saved_run
 from lengthgen.config.schema import Config, TrainConfig, option_combinations
 from lengthgen.errors import ResourceError, UserError, path_problem
 from lengthgen.evaluation.bounds import check_stop_bounds
 from lengthgen.evaluation.position_scaling import Stretcher, split_options, with_factor
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.results.rows import (COLUMNS, METRICS, PER_STEP_COLUMNS, POSITION_LOSS, cell, columns_of, read_labels,
                                     read_rows, with_labels, write_csv, write_position_loss, write_rows)
-from lengthgen.methods.registry import Method
-from lengthgen.model.compiling import compile_blocks, compile_failed, fall_back
+from lengthgen.methods.base import Method
+from lengthgen.accel.compiling import compile_blocks, compile_failed, fall_back
 from lengthgen.model.position_transforms import PositionTransform
 from lengthgen.runtime import checkpoint, exported
 from lengthgen.runtime.devices import autocast, native_bf16, pick_device
@@ -44,12 +46,12 @@ def latest_state(folder: Path) -> tuple[Path, dict, Run]:
         raise UserError(f"run folder {folder} {path_problem(folder, 'folder')}")
     if exported.is_export(folder):  # a folder of `lengthgen export`: the run's config is in its config.json
         state = exported.exported_state(folder)
-        return folder, state, assemble_saved(state["config"], folder / "config.json")
+        return folder, state, saved_run(state["config"], folder / "config.json")
     path = checkpoint.latest(folder)
     if path is None:
         raise UserError(f"{folder} has no checkpoint (is it a run folder written by `lengthgen train`?)")
     state = checkpoint.read_state(path)
-    return path, state, assemble_saved(state["config"], path / "state.json")
+    return path, state, saved_run(state["config"], path / "state.json")
 
 
 def load_assembled(folder: Path, device: torch.device | None = None, use_ema: bool = True):
@@ -104,33 +106,30 @@ def eval_batches(task: Task, length: int, samples: int, batch_size: int, seed: i
 
 
 @torch.no_grad()
-def accuracy_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int,
-                seed: int, device: torch.device, stop: str | None = None,
-                transform: PositionTransform | None = None) -> tuple[float, float, float]:
-    """(exact-match accuracy, token accuracy, mean read-out step) over `samples` test samples
-    of one length; the step is NaN for methods without a stop rule."""
-    results, _ = rules_at(task, method, model, length, samples, batch_size, seed, device, [stop], transform=transform)
+def accuracy_at(ctx: Measure, task: Task, length: int, stop: str | None = None) -> tuple[float, float, float]:
+    """(exact-match accuracy, token accuracy, mean read-out step) over `ctx.samples` test samples
+    of one length, read out under `stop` alone; the step is NaN for methods without a stop rule."""
+    results, _ = rules_at(replace(ctx, stops=[stop]), task, length)
     return tuple(results[stop][k] for k in METRICS)
 
 
 @torch.no_grad()
-def rules_at(task: Task, method: Method, model, length: int, samples: int, batch_size: int, seed: int,
-             device: torch.device, stops: list[str | None], per_step: bool = False,
-             transform: PositionTransform | None = None, draws: int = 1) -> tuple[dict, list[dict]]:
+def rules_at(ctx: Measure, task: Task, length: int) -> tuple[dict, list[dict]]:
     """({stop: {metric: mean over the samples}}, per-step rows) on one length's test samples,
-    read out by the method under each of `stops` (`Method.read_out`); the metrics are accuracy
+    read out by the method under each of `ctx.stops` (`Method.read_out`); the metrics are accuracy
     (exact match), token_accuracy, stop_step (NaN without a stop rule) and the task's and
-    method's own. A `transform` that draws position IDs at evaluation (`randomized`) reads each
-    sample under `draws` independent draws, and every mean is over samples x draws. With
-    `per_step` (methods with stop rules), the per-step rows hold the means after every iteration
+    method's own. A transform that draws position IDs at evaluation (`randomized`) reads each
+    sample under `ctx.draws` independent draws, and every mean is over samples x draws. With
+    `ctx.per_step` (methods with stop rules), the per-step rows hold the means after every iteration
     t <= 2 T(n) (accuracy, confidence, the oracle step)."""
+    stops, samples = ctx.stops, ctx.samples
     sums = {stop: defaultdict(float) for stop in stops}
     curve = None  # per-iteration sums over the samples so far: {column: (T,)}
-    draws = draws if transform is not None and transform.random_at_evaluation else 1
-    batches = (batch for draw in range(draws)
-               for batch in eval_batches(task, length, samples, batch_size, seed, device, transform, draw))
+    draws = ctx.draws if ctx.transform is not None and ctx.transform.random_at_evaluation else 1
+    batches = (batch for draw in range(draws) for batch in
+               eval_batches(task, length, samples, ctx.batch_size, ctx.seed, ctx.device, ctx.transform, draw))
     for batch in batches:
-        read, part = method.read_out(model, batch, task, stops, per_step)
+        read, part = ctx.method.read_out(ctx.model, batch, task, stops, ctx.per_step)
         for stop, (values, steps) in zip(stops, read):
             for name, value in values.items():
                 sums[stop][name] += float(value.float().sum())
@@ -153,7 +152,12 @@ def add_curves(total: dict, part: dict) -> dict:
 
 @dataclass
 class Measure:
-    """What every length of one evaluation shares."""
+    """What every length of one evaluation shares: the method and its model; `samples` test samples
+    per length, drawn from `seed`, in batches of `batch_size` on `device`; the stop rules read out
+    (None: a method's one read-out), the curve over iterations (`per_step`), the position transform
+    and its draws per sample; the tokens per forward pass of a perplexity evaluation; whether the
+    blocks run compiled. The evaluator sets `batch_size` and `window_tokens` length by length (lower
+    where a batch would not fit) and clears `compiled` where a block fails to compile."""
 
     method: Method
     model: torch.nn.Module
@@ -161,27 +165,25 @@ class Measure:
     batch_size: int
     seed: int
     device: torch.device
-    stops: list
-    per_step: bool
-    transform: PositionTransform
-    draws: int
-    window_tokens: int  # tokens per forward pass of a perplexity evaluation
-    compiled: bool
+    stops: list = field(default_factory=lambda: [None])
+    per_step: bool = False
+    transform: PositionTransform | None = None
+    draws: int = 1
+    window_tokens: int = 0
+    compiled: bool = False
 
 
 def exact_match(ctx: Measure, task: Task, length: int) -> tuple[dict, list[dict], list[dict]]:
     """({stop: metrics}, per-step rows, []) on the task's test samples at `length`; a block that
     fails to compile is evaluated eagerly."""
-    measure = lambda: rules_at(task, ctx.method, ctx.model, length, ctx.samples, ctx.batch_size, ctx.seed,  # noqa: E731
-                               ctx.device, ctx.stops, ctx.per_step, ctx.transform, ctx.draws)
     try:
-        results, curve = measure()
+        results, curve = rules_at(ctx, task, length)
     except Exception as err:
         if not (ctx.compiled and compile_failed(err)):
             raise
         fall_back(ctx.model, err, "eval.compile")
         ctx.compiled = False
-        results, curve = measure()
+        results, curve = rules_at(ctx, task, length)
     return results, curve, []
 
 
@@ -204,72 +206,67 @@ def run_folder(folder: Path) -> Path:
     return folder.resolve() if folder.is_symlink() or not folder.name else folder
 
 
-def evaluate_run(folder: Path, lengths: list[int], samples: int, batch_size: int | None = None,
-                 seed: int | None = None, stops: list[str] | None = None, per_step: bool = False,
-                 progress: bool = True, sweep: dict | None = None, out: Path | None = None,
-                 position_draws: int | None = None, compile: bool | None = None) -> list[dict]:
-    """Evaluate a run at `lengths` under each stop rule in `stops` (methods with stop rules;
-    default oracle), for every combination of the task options in `sweep` (default the
-    run's eval.sweep; its position.* keys read a rotary run with RoPE stretched at test time,
-    lengthgen.evaluation.position_scaling); write RUN/eval.csv (and RUN/per_step.csv with per_step), or into `out`
-    (with a copy of the run's config.toml, which the report reads) for a run one cannot write.
-    A position transform that draws IDs at evaluation reads each sample under `position_draws`
-    draws (default the run's eval.position_draws). `compile`: torch.compile the blocks (default
-    the run's eval.compile; lengthgen.model.compiling). A run reached through a symbolic link is
-    evaluated as itself. The run is held (shared) so that no `train` replaces it meanwhile, and the
-    rows are merged into eval.csv under a lock: evaluations of one run side by side keep all rows.
-    The CLI checks its options against the run (`--stop` and `--per-step` need a method with stop
-    rules, `--position-draws` a transform that draws IDs at evaluation)."""
+def evaluate_run(folder: Path, settings: EvalSettings | None = None) -> list[dict]:
+    """Evaluate a run as `settings` asks (lengthgen.evaluation.settings; a setting left None, or no
+    settings, is the run's own [eval] value): at its lengths, under each of its stop rules (methods
+    with stop rules; default oracle), for every combination of the task options in its sweep (its
+    position.* keys read a rotary run with RoPE stretched at test time,
+    lengthgen.evaluation.position_scaling); write RUN/eval.csv (and RUN/per_step.csv with per_step),
+    or into `settings.out` (with a copy of the run's config.toml, which the report reads) for a run
+    one cannot write. A position transform that draws IDs at evaluation reads each sample under
+    `position_draws` draws; `compile` runs the blocks through torch.compile (lengthgen.accel.compiling).
+    A run reached through a symbolic link is evaluated as itself. The run is held (shared) so that
+    no `train` replaces it meanwhile, and the rows are merged into eval.csv under a lock: evaluations
+    of one run side by side keep all rows. The CLI checks the settings against the run (`--stop` and
+    `--per-step` need a method with stop rules, `--position-draws` a transform that draws IDs at
+    evaluation)."""
     folder = run_folder(folder)
     with run_lock(folder, shared=True):
-        return evaluate_held(folder, lengths, samples, batch_size, seed, stops, per_step, progress, sweep, out,
-                             position_draws, compile)
+        return evaluate_held(folder, settings or EvalSettings())
 
 
-def evaluate_held(folder: Path, lengths: list[int], samples: int, batch_size: int | None, seed: int | None,
-                  stops: list[str] | None, per_step: bool, progress: bool, sweep: dict | None, out: Path | None,
-                  position_draws: int | None, compile: bool | None) -> list[dict]:
+def evaluate_held(folder: Path, settings: EvalSettings) -> list[dict]:
     """`evaluate_run` under the run's lock."""
-    lengths = list(dict.fromkeys(lengths))  # a length given twice would give duplicate rows
     run, model, step = load_assembled(folder)
     cfg, task, method = run.cfg, run.task, run.method
+    asked = settings.resolved(cfg.eval)  # what was not given is the run's own
     labels = read_labels(folder)
-    out = output_folder(folder, out)
+    out = output_folder(folder, asked.out)
     try:
-        stops = method.stops(stops)  # each rule once, checked against the method (a halting head)
+        stops = method.stops(list(asked.stops) or None)  # each rule once, checked against the method (a halting head)
     except ValueError as err:
         raise UserError(str(err)) from None
-    check_stop_bounds(stops, task, [cfg.task.train_max, *lengths])  # no count past what the run could need
-    own = task.metric_names + method.metric_names  # the row's own metric columns, named in its `metrics` cell
-    sweep, variants = swept_tasks(cfg, task, sweep, [*own, *labels])
+    check_stop_bounds(stops, task, [cfg.task.train_max, *asked.lengths])  # no count past what the run could need
+    named = Evaluated(folder, cfg, step, tuple(task.metric_names + method.metric_names))
+    sweep, variants = swept_tasks(cfg, task, asked.sweep, [*named.own, *labels])
     device = next(model.parameters()).device
     precision = eval_precision(cfg.train, device, folder)
-    batch_size = batch_size or cfg.eval.batch_size
-    draws = cfg.eval.position_draws if position_draws is None else position_draws
-    compiled = (cfg.eval.compile if compile is None else compile) and compile_blocks(model, device, "eval.compile")
-    ctx = Measure(method, model, samples, batch_size, cfg.eval.seed if seed is None else seed, device, stops, per_step,
-                  run.transform, draws, batch_size * cfg.task.train_max, compiled)
-    cases = [(options, variant, length) for options, variant in variants for length in lengths]
-    fits = fitting_batches(cfg, cases, samples, batch_size, device)
+    compiled = asked.compile and compile_blocks(model, device, "eval.compile")
+    ctx = Measure(method, model, asked.samples, asked.batch_size, asked.seed, device, stops, asked.per_step,
+                  run.transform, asked.position_draws, asked.batch_size * cfg.task.train_max, compiled)
+    cases = [(options, variant, length) for options, variant in variants for length in asked.lengths]
+    fits = fitting_batches(cfg, cases, asked.samples, asked.batch_size, device)
     rows, steps_rows, position_rows = [], [], []
     stretcher = Stretcher(run)
-    for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not progress, dynamic_ncols=True):
+    for options, variant, length in tqdm(cases, desc=f"eval {folder.name}", disable=not asked.progress,
+                                         dynamic_ncols=True):
         ctx.batch_size, ctx.window_tokens = fits[variant, length]
         with autocast(device, precision), stretcher.at(model, options, variant, length):
             results, curve, positions = evaluate_length(ctx, variant, length)
         position_rows += [{**r, **split_options(options)[1]} for r in positions]
-        ident = {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
-                 "seed": cfg.train.model_seed, "train_max": cfg.task.train_max, **{k: cell(v) for k, v in options.items()}}
-        steps_rows += [{**ident, **r} for r in curve]
-        rows += [row(folder, cfg, length, results[stop].pop("tokens", samples), results[stop],
-                     variant.random_baseline(length), step, stop, options, own) for stop in stops]
+        steps_rows += [{**named.ident(options), **r} for r in curve]
+        rows += [named.row(length, results[stop].pop("tokens", asked.samples), results[stop],
+                           variant.random_baseline(length), stop, options) for stop in stops]
     rows = with_labels(rows, labels)
-    write_results(folder, out, rows, with_labels(steps_rows, labels) if per_step else None, position_rows, labels, sweep)
+    write_results(folder, out, rows, with_labels(steps_rows, labels) if asked.per_step else None, position_rows,
+                  labels, sweep)
     if cfg.eval.token_contexts:  # per token, fixed context (and the dependence search): lengthgen.evaluation.dependence
         from lengthgen.evaluation.dependence import evaluate_tokens
+        from lengthgen.evaluation.language_model import Scorer
 
         with autocast(device, precision):
-            evaluate_tokens(out, cfg.eval, task, method, model, device, batch_size * cfg.task.train_max, step)
+            evaluate_tokens(out, cfg.eval, task, Scorer(method, model, asked.batch_size * cfg.task.train_max, device),
+                            step)
     return rows
 
 
@@ -354,12 +351,29 @@ def write_results(folder: Path, out: Path, rows: list[dict], steps_rows: list[di
         write_csv(out / "per_step.csv", steps_rows, columns_of(steps_rows, PER_STEP_COLUMNS))
 
 
-def row(folder: Path, cfg: Config, length: int, samples: int, values: dict, baseline: float, step: int,
-        stop: str | None = None, options: dict | None = None, own: tuple[str, ...] = ()) -> dict:
-    """One eval.csv row: the run, one length (and swept task options), one stop rule, `values`
-    {metric: mean} (the metrics of `rules_at`), the names of the task's and method's own among them."""
-    return {"run": folder.name, "task": cfg.task.name, "method": cfg.method, "arm": "", "position": cfg.model.position,
-            "stop": stop or "", "seed": cfg.train.model_seed, "length": length, "n": samples, "stop_step": math.nan,
-            **values, "train_max": cfg.task.train_max, "baseline": baseline, "step": step,
-            "metrics": " ".join(own), **{k: cell(v) for k, v in (options or {}).items()}}
+@dataclass(frozen=True)
+class Evaluated:
+    """What every row of one evaluation names: the run folder, its config, the checkpoint's step, and
+    the names of the task's and method's own metrics (the row's `metrics` cell)."""
 
+    folder: Path
+    cfg: Config
+    step: int
+    own: tuple[str, ...] = ()
+
+    def ident(self, options: dict) -> dict:
+        """The cells naming the run, and the swept task options `options`, in a per_step.csv row."""
+        cfg = self.cfg
+        return {"run": self.folder.name, "task": cfg.task.name, "method": cfg.method, "position": cfg.model.position,
+                "seed": cfg.train.model_seed, "train_max": cfg.task.train_max,
+                **{k: cell(v) for k, v in options.items()}}
+
+    def row(self, length: int, samples: int, values: dict, baseline: float, stop: str | None = None,
+            options: dict | None = None) -> dict:
+        """One eval.csv row: the run, one length (and swept task options), one stop rule, `values`
+        {metric: mean} (the metrics of `rules_at`) over `samples`, the random baseline at that length."""
+        cfg = self.cfg
+        return {"run": self.folder.name, "task": cfg.task.name, "method": cfg.method, "arm": "",
+                "position": cfg.model.position, "stop": stop or "", "seed": cfg.train.model_seed, "length": length,
+                "n": samples, "stop_step": math.nan, **values, "train_max": cfg.task.train_max, "baseline": baseline,
+                "step": self.step, "metrics": " ".join(self.own), **{k: cell(v) for k, v in (options or {}).items()}}

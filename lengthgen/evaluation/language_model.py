@@ -28,14 +28,26 @@ tokens dropped are simply absent.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lengthgen.methods.registry import Method
+from lengthgen.methods.base import Method
 from lengthgen.tasks import EOS, IGNORE, PAD, Batch
 from lengthgen.tasks.text import Text
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A trained model as the per-token evaluation reads it: `method`'s logits of `model` at each
+    row's last column, in passes of at most about `batch_tokens` tokens, on `device`."""
+
+    method: Method
+    model: torch.nn.Module | None
+    batch_tokens: int
+    device: torch.device
 
 
 def split_windows(task: Text, window: int, tokens: int, batch_windows: int, split: str = "test"):
@@ -125,10 +137,11 @@ def rows_batch(stream: np.ndarray, columns: np.ndarray, widths: np.ndarray, ids:
 
 
 @torch.no_grad()
-def rows_losses(method: Method, model, stream: np.ndarray, columns: list[np.ndarray], ids: list[np.ndarray],
-                targets: np.ndarray, batch_tokens: int, device: torch.device) -> np.ndarray:
+def rows_losses(scorer: Scorer, stream: np.ndarray, columns: list[np.ndarray], ids: list[np.ndarray],
+                targets: np.ndarray) -> np.ndarray:
     """The loss (nats) of stream[targets[b]] read from the tokens stream[columns[b]] (ascending,
     each before the target) at position IDs ids[b]: one row per target, batched by width."""
+    batch_tokens, device = scorer.batch_tokens, scorer.device
     widths = np.array([len(c) for c in columns], dtype=np.int64)
     out = np.zeros(len(columns), dtype=np.float64)
     order = np.argsort(widths, kind="stable")  # rows of similar width share a batch: little padding
@@ -144,18 +157,17 @@ def rows_losses(method: Method, model, stream: np.ndarray, columns: list[np.ndar
             cols[r, :widths[i]], pids[r, :widths[i]] = columns[i], ids[i]
         batch, last = rows_batch(stream, cols, widths[chunk], pids, targets[chunk])
         batch = batch.to(device)
-        logits = method.last_logits(model, batch, last.to(device))  # (rows, V)
+        logits = scorer.method.last_logits(scorer.model, batch, last.to(device))  # (rows, V)
         picked = batch.targets[torch.arange(len(chunk), device=device), last.to(device)]
         out[chunk] = F.cross_entropy(logits.float(), picked, reduction="none").double().cpu().numpy()
         first += len(chunk)
     return out
 
 
-def context_losses(method: Method, model, stream: np.ndarray, index: np.ndarray, context: int,
-                   batch_tokens: int, device: torch.device) -> np.ndarray:
+def context_losses(scorer: Scorer, stream: np.ndarray, index: np.ndarray, context: int) -> np.ndarray:
     """The loss of each token stream[index[b]] from exactly `context` tokens before it (IDs 0..c-1)."""
     losses = np.zeros(len(index), dtype=np.float64)
-    rows = max(1, batch_tokens // context)
+    rows = max(1, scorer.batch_tokens // context)
     offsets = np.arange(-context, 0)
     with torch.no_grad():
         for first in range(0, len(index), rows):
@@ -163,16 +175,16 @@ def context_losses(method: Method, model, stream: np.ndarray, index: np.ndarray,
             columns = chunk[:, None] + offsets[None, :]
             ids = np.broadcast_to(np.arange(context), columns.shape)
             batch, last = rows_batch(stream, columns, np.full(len(chunk), context), ids, chunk)
-            batch = batch.to(device)
-            logits = method.last_logits(model, batch, last.to(device))
+            batch = batch.to(scorer.device)
+            logits = scorer.method.last_logits(scorer.model, batch, last.to(scorer.device))
             picked = batch.targets[:, -1]
             losses[first:first + len(chunk)] = F.cross_entropy(logits.float(), picked,
                                                                reduction="none").double().cpu().numpy()
     return losses
 
 
-def token_losses(task: Text, method: Method, model, contexts: list[int], stride: int, limit: int,
-                 batch_tokens: int, device: torch.device, split: str = "test") -> dict[str, np.ndarray]:
+def token_losses(task: Text, scorer: Scorer, contexts: list[int], stride: int, limit: int,
+                 split: str = "test") -> dict[str, np.ndarray]:
     """{document, position, token, loss_<c> for every c}: the per-token, fixed-context losses of
     the tokens `scored_tokens` picks (every c scores the same tokens)."""
     stream = task.corpus.tokens(split)
@@ -180,12 +192,12 @@ def token_losses(task: Text, method: Method, model, contexts: list[int], stride:
     out = {"document": scored["document"], "position": scored["position"],
            "token": np.asarray(stream[scored["index"]]).astype(np.int64)}
     for c in contexts:
-        out[f"loss_{c}"] = context_losses(method, model, stream, scored["index"], c, batch_tokens, device)
+        out[f"loss_{c}"] = context_losses(scorer, stream, scored["index"], c)
     return out
 
 
-def ablated_losses(method: Method, model, stream: np.ndarray, index: np.ndarray, far: list[np.ndarray],
-                   near: int, full: int, batch_tokens: int, device: torch.device) -> np.ndarray:
+def ablated_losses(scorer: Scorer, stream: np.ndarray, index: np.ndarray, far: list[np.ndarray], near: int,
+                   full: int) -> np.ndarray:
     """The loss of each token t = stream[index[b]] read from its `near` preceding tokens plus the
     far tokens far[b] (distances back from t, each in near + 1 .. full), every token at its
     original position ID: its place in the window of the `full` tokens before t (ID full - d for
@@ -197,4 +209,4 @@ def ablated_losses(method: Method, model, stream: np.ndarray, index: np.ndarray,
         dist = np.concatenate([d, near_d])
         columns.append(t - dist)
         ids.append(full - dist)
-    return rows_losses(method, model, stream, columns, ids, np.asarray(index), batch_tokens, device)
+    return rows_losses(scorer, stream, columns, ids, np.asarray(index))

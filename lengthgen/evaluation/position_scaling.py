@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import torch
 
-from lengthgen.assembly import Run
+from lengthgen.assembly.runs import Run
 from lengthgen.errors import UserError
 from lengthgen.model.rope_scaling import dynamic_factor
 from lengthgen.model.rotary import stretched_rope
@@ -36,7 +36,7 @@ def with_factor(sweep: dict) -> dict:
 
 def sequence_width(run: Run, task: Task, length: int) -> int:
     """Tokens in the widest sequence of `task` at `length`, as the method lays it out (measured on a fixed
-    sample, as lengthgen.assembly.training_positions measures training's)."""
+    sample, as lengthgen.assembly.runs.training_positions measures training's)."""
     if task.evaluation == "perplexity":  # a window of `length` tokens
         return length
     samples = max(1, min(256, 1_000_000 // length))

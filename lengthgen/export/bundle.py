@@ -26,26 +26,10 @@ REPLACED = {
     "lengthgen.config.schema": "lengthgen_config",  # ModelConfig alone: the rest of the schema is training's
     "lengthgen.tasks": "task_base",  # the package imports every task; the model needs the Batch layout only
     "lengthgen.tasks.base": "task_base",
-    "lengthgen.model.narrow_attention": "narrow_attention",  # a stub, below
 }
 # bundled modules whose last name says too little in a flat folder
 RENAMED = {"lengthgen.methods.looped.block": "looped_block"}
 TEMPLATE = Path(__file__).with_name("modeling_lengthgen.py.in")
-
-# lengthgen's C kernel for narrow heads is compiled from a .c file on first use; a Hugging Face
-# folder carries no C source to compile, and SDPA computes the same attention to float tolerance
-NARROW_STUB = '''"""Stands in for lengthgen's narrow-head attention kernel (C, compiled on first use): an exported
-folder carries no C source, and SDPA computes the same attention to float tolerance."""
-
-
-def applies(q, dropout_p=0.0):
-    return False
-
-
-def attend(q, k, v):
-    raise NotImplementedError("the narrow-head kernel is not part of an export")
-'''
-
 
 def model_config_source() -> str:
     """lengthgen_config.py: the ModelConfig dataclass as the run's lengthgen defines it."""
@@ -87,7 +71,7 @@ def flat_name(module: str) -> str:
 
 def rewrite(source: str) -> str:
     """Each `from lengthgen.a.b import names` as `from .b import names`; an imported module
-    (`from lengthgen.model import narrow_attention`) as `from . import m`, with a `from .m import`
+    (`from lengthgen.methods.looped import fixed_steps`) as `from . import m`, with a `from .m import`
     line beside it, since the loader copies only the files named that way."""
 
     def replace(match: re.Match) -> str:
@@ -120,7 +104,7 @@ def sources(scheme: type | None = None) -> dict[str, str]:
         if name in files:
             raise ValueError(f"two bundled modules are both named {name}")
         files[name] = rewrite(text)
-    files.update({"lengthgen_config.py": model_config_source(), "narrow_attention.py": NARROW_STUB,
+    files.update({"lengthgen_config.py": model_config_source(),
                   "task_base.py": rewrite(Path(import_module("lengthgen.tasks.base").__file__).read_text()),
                   "modeling_lengthgen.py": TEMPLATE.read_text(encoding="utf-8")})
     for name, text in extra.items():  # the plugin's file, and the wrapper importing it so that it registers

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lengthgen.assembly import Run
+from lengthgen.assembly.runs import Run
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import UserError
 from lengthgen.results.rows import read_labels, read_rows

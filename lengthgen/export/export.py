@@ -27,15 +27,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from lengthgen.assembly import Run
+from lengthgen.assembly.runs import Run
 from lengthgen.config.schema import parse_lengths, to_toml
 from lengthgen.errors import ConfigError, ResourceError, UserError, path_problem
 from lengthgen.evaluation.bounds import TOKEN_FACTOR, loop_cap
 from lengthgen.evaluation.evaluate import latest_state, load_assembled, run_folder
 from lengthgen.export import bundle, card, tokenizer
-from lengthgen.methods.base import Method
+from lengthgen.methods.base import Method, steps_at
 from lengthgen.methods.looped.block import LoopedTransformer
-from lengthgen.methods.registry import steps_at
 from lengthgen.model.transformer import Transformer
 from lengthgen.results.rows import read_rows
 from lengthgen.runtime.checkpoint import sha256

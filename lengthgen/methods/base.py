@@ -1,7 +1,8 @@
 """The Method base: what callers may ask of a method (its capabilities), and the defaults a method
-overrides. The methods themselves and the `METHODS` registry are in lengthgen.methods.registry;
-method families that need files of their own (lengthgen.methods.recurrent) import this base, so
-the registry can import them without an import cycle."""
+overrides; and what several families share (`loss_weight`, `steps_at`). Each family of methods has a
+module of its own that imports this base (next_token.py, ppc.py, encoder.py, recurrent.py, and
+looped/methods.py), and lengthgen.methods.registry imports them all to fill `METHODS`, without an
+import cycle."""
 from __future__ import annotations
 
 import torch
@@ -37,9 +38,9 @@ class Method:
     from blank slots, never decodes, and no column of a row sees padding or another row's tokens;
     `capturable`: `fixed_shape_loss(model, batch, iterations)` is the loss with no host sync, of
     a batch padded to a fixed width and run `iterations(batch)` or more loop iterations, which
-    a CUDA graph can record (lengthgen.training.captured);
+    a CUDA graph can record (lengthgen.accel.captured);
     `stackable`: that loss also runs under torch.func.vmap, so seeds can train as one stacked
-    model (lengthgen.training.stacked)."""
+    model (lengthgen.accel.stacked)."""
 
     name = ""
     has_stop_rules = False
@@ -125,3 +126,17 @@ class Method:
     def predict(self, model: nn.Module, batch: Batch) -> Tensor:
         """(B, L) predicted token at every position; only scored ones count."""
         return self.logits(model, batch).argmax(-1)
+
+
+def loss_weight(option: str, value) -> float:
+    """A method's loss weight option: a finite number >= 0 (ValueError naming it otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{option} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def steps_at(task: Task, length: int) -> int:
+    """T(length): the largest n_steps over a fixed sample (it varies with the
+    sample for multiplication, whose T is len(a) * n). The depth ntp-loop runs at, and the loop
+    count a looped run is sized and exported by."""
+    return int(task.sample(256, length, torch.Generator().manual_seed(0)).n_steps.max())

@@ -28,7 +28,7 @@ class RecurrentMethod(Method):
     """A recurrent model read at the output slots of the authors' tape (module docstring).
     Capturable: the tape is built on the device without host syncs, the model is causal (extra
     PAD columns change nothing before them) and a stack deeper than the steps taken changes
-    nothing (tests/training/test_captured.py)."""
+    nothing (tests/accel/test_captured.py)."""
 
     model_class: type[Recurrent] = RNN
     needs_answer_region = True

@@ -2,28 +2,23 @@
 with model.causal = false (an encoder: no mask at all; the schemes that cannot attend both ways,
 and the KV cache, are refused before a run starts).
 
-- fast:    no logit hook -> F.scaled_dot_product_attention(is_causal=True), so
-           flash / memory-efficient kernels apply (NoPE, learned, sinusoidal, RoPE).
-           Except bf16/fp16 on CPU: there torch's CPU flash kernel was 1.5-14x
-           slower (forward + backward) than `math_causal_attention` (two
-           batched matmuls and a float32 softmax) at the looped models' shapes,
-           while in fp32 it was 3-11x faster than them
-           (benchmarks/attention_paths.py). GPU paths are unchanged.
-           And fp32 heads <= 8 wide on one CPU thread: narrow_attention.py's C
-           kernel, 2-4x faster than SDPA there (its docstring says why).
-- bias:    `scheme.has_bias` -> SDPA with a float mask = bias + causal (ALiBi).
+- dense:   no content hook -> `dense_attention`: softmax(q k^T / sqrt(Dh) + bias + mask) v, with
+           the scheme's bias where it has one (ALiBi). The default is SDPA (flash / memory-efficient
+           kernels where they apply); `BACKENDS` holds faster kernels for the shapes they know, tried
+           first (lengthgen.accel adds them: model/ imports nothing from it).
 - content: `scheme.has_content` -> the scheme computes the attention itself
            (`attend`: TRA and CoPE run `tra_attention` / `cope_attention` of content_attention.py,
            queries in chunks so a long window never holds a (T, T) tensor),
            or returns the full masked logits (`content_logits`), softmaxed in
            float32 here; a row with no kept key gives 0.
+- cached:  decoding with a KV cache (`scheme.attend_cached`).
 
 RoPE-style rotation is applied in every path, before the logits are formed.
 
 Recording: inside `recording(model)`, every attention layer hands its weights to the
 `AttentionRecorder` installed on it (layer -> list of (B, H, queries, keys) chunks, detached;
 only the last query's row with `last_only`): the content schemes from inside their own
-attention, the others by `attention_weights` beside the unchanged fast path, so a recorded
+attention, the others by `attention_weights` beside the unchanged dense path, so a recorded
 forward pass returns the same output as an unrecorded one.
 
 Packed rows (`Packed`): the looped model's step-dependent loss keeps rows of
@@ -44,7 +39,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model import narrow_attention
 
 
 @dataclass(frozen=True)
@@ -94,34 +88,6 @@ def mask_of(causal: bool):
     return causal_mask if causal else no_mask
 
 
-def math_causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout: AttentionDropout = NO_DROPOUT,
-                          causal: bool = True) -> Tensor:
-    """Causal softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) inputs, as SDPA
-    with is_causal=True, but with plain batched matmuls and a float32 softmax.
-
-    The scale and the causal mask ride along in the logits matmul (baddbmm:
-    mask + scale * q k^T), and the softmax casts inside its own kernel: three
-    separate passes over the (B, H, T, T) logits (scale, mask, cast) cost a
-    Parity bf16 step about as much as its attention matmuls. `causal` false: no mask (an encoder).
-
-    Precision: in bf16 the scores leave the matmul rounded to bf16 (8 bits of
-    mantissa) before the float32 softmax, where SDPA keeps them in float32.
-    With sharp attention (scores of 10 and more) the output is then 10-45x
-    less accurate than SDPA's on the same bf16 inputs; the Parity accuracy in
-    bf16 was unchanged (docs/results.md, "Parity in bf16"). torch has no
-    bf16-in, float32-out batched matmul on CPU to avoid it at no cost."""
-    B, H, T, Dh = q.shape
-    mask = mask_of(causal)(T, q.device, q.dtype)  # (T, T), broadcast over B * H
-    if dropout.p and dropout.on == "logits":  # dropped before the mask is added: scores first
-        logits = dropout.logits(torch.bmm(q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2))
-                                * Dh ** -0.5) + mask
-    else:
-        logits = torch.baddbmm(mask, q.reshape(B * H, T, Dh), k.reshape(B * H, T, Dh).transpose(1, 2),
-                               alpha=Dh ** -0.5)  # (B * H, T, T), in q's dtype as before the cast
-    att = dropout.weights(torch.softmax(logits, dim=-1, dtype=torch.float32))
-    return (att.to(v.dtype) @ v.reshape(B * H, T, Dh)).view(B, H, T, Dh)
-
-
 def biased_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout: AttentionDropout,
                             causal: bool = True) -> Tensor:
     """softmax(dropout(q k^T / sqrt(Dh) + bias) + causal mask) v with dropout on the logits (the
@@ -129,6 +95,34 @@ def biased_causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropo
     T, Dh = q.shape[-2], q.shape[-1]
     logits = dropout.logits((q @ k.transpose(-2, -1)).float() * Dh ** -0.5 + bias) + mask_of(causal)(T, q.device)
     return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+
+
+# Faster kernels for the dense path, tried in order before SDPA: each is
+# backend(q, k, v, bias, dropout, causal) -> the output, or None where it does not apply, and each
+# must equal `sdpa_attention` to float tolerance. lengthgen.accel.backends installs its own here.
+BACKENDS: list = []
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: AttentionDropout,
+                    causal: bool = True) -> Tensor:
+    """softmax(q k^T / sqrt(Dh) + bias + mask) v for (B, H, T, Dh) inputs: the first of BACKENDS
+    that takes the call, else SDPA. bias (B|1, H, T, T) or None; `causal` false: no mask."""
+    for backend in BACKENDS:
+        if (y := backend(q, k, v, bias, dropout, causal)) is not None:
+            return y
+    return sdpa_attention(q, k, v, bias, dropout, causal)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: AttentionDropout,
+                   causal: bool = True) -> Tensor:
+    """The dense path's definition, on torch's SDPA; dropout on the logits (which SDPA cannot do)
+    by `biased_causal_attention`."""
+    if dropout.p and dropout.on == "logits":
+        return biased_causal_attention(q, k, v, 0.0 if bias is None else bias, dropout, causal)
+    if bias is not None:
+        mask = bias + mask_of(causal)(q.shape[2], q.device)  # (B|1, H, T, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout.p)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout.p, is_causal=causal)
 
 
 def attention_weights(q: Tensor, k: Tensor, bias: Tensor | None = None, last: bool = False,
@@ -176,11 +170,6 @@ def recording(model: nn.Module, last_only: bool = False):
             module.recorder = None
 
 
-def use_math_attention(q: Tensor) -> bool:
-    """Low-precision attention on CPU: see the module docstring for why."""
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-
-
 class Packed:
     """Layout of k rows of widths w_r stored row after row as (N = sum w_r, C) tokens.
 
@@ -197,7 +186,7 @@ class Packed:
     see. Few distinct shapes matter on CPU in bf16, where oneDNN builds a new
     matmul kernel for every new shape: with an exact count every fresh batch
     brings new shapes, and a bf16 Parity step took 1.7x longer
-    (benchmarks/looped_speed.py --token-multiple 1).
+    (benchmarks/speed/looped_speed.py --token-multiple 1).
     """
 
     def __init__(self, widths: list[int], multiple: int = 1):
@@ -317,44 +306,33 @@ class CausalSelfAttention(nn.Module):
         if self.q_factor != 1.0:
             q = q * self.q_factor
         dropout = self.dropout if self.training else NO_DROPOUT
-        p = dropout.p if dropout.on == "weights" else 0.0  # what SDPA's dropout_p may take
-
-        recorder = self.recorder  # record this layer's weights (content schemes do it inside)
-        if recorder is not None and not scheme.has_content and cache is None:
-            recorder.add(self.layer, attention_weights(q, k, scheme.bias(position_ids) if scheme.has_bias else None,
-                                                       recorder.last_only, self.causal))
         if cache is not None:
             y = scheme.attend_cached(q, k, v, x, self.layer, cache)  # (B, H, T, Dh)
-        elif scheme.has_content and (y := scheme.attend(q, k, v, x, self.layer, dropout, recorder)) is not None:
-            pass  # (B, H, T, Dh) from the scheme's own attention (TRA, CoPE)
         elif scheme.has_content:
-            ids = (position_ids,) if scheme.content_reads_ids else ()  # relative positions read IDs
-            logits = scheme.content_logits(q, k, x, self.layer, *ids)  # (B, H, T, T), masked by the scheme
-            if scheme.has_bias:
-                logits = logits + scheme.bias(position_ids)
-            att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
-            if recorder is not None:
-                recorder.add(self.layer, att)
-            y = att.to(v.dtype) @ v  # (B, H, T, Dh)
-        elif dropout.p and dropout.on == "logits":
-            y = biased_causal_attention(q, k, v, scheme.bias(position_ids) if scheme.has_bias else 0.0, dropout,
-                                        self.causal)
-        elif scheme.has_bias and torch._C._functorch.is_functorch_wrapped_tensor(q):
-            # stacked seeds (vmap): SDPA's CPU kernel then refuses a gradient for its mask, the bias
-            logits = (q @ k.transpose(-2, -1)).float() * q.shape[-1] ** -0.5 + scheme.bias(position_ids)
-            y = dropout.weights(torch.softmax(logits + mask_of(self.causal)(T, q.device), -1)).to(v.dtype) @ v
-        elif scheme.has_bias:
-            mask = scheme.bias(position_ids) + mask_of(self.causal)(T, q.device)  # (B|1, H, T, T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
-        elif use_math_attention(q):
-            y = math_causal_attention(q, k, v, dropout, self.causal)  # (B, H, T, Dh)
-        elif self.causal and narrow_attention.applies(q, p):
-            y = narrow_attention.attend(q, k, v)  # (B, H, T, Dh): heads <= 8 wide on one CPU thread (causal only)
+            y = self.content_attention(scheme, q, k, v, x, position_ids, dropout)  # (B, H, T, Dh)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)  # (B, H, T, Dh)
+            bias = scheme.bias(position_ids) if scheme.has_bias else None  # (B|1, H, T, T) or None
+            if self.recorder is not None:
+                self.recorder.add(self.layer, attention_weights(q, k, bias, self.recorder.last_only, self.causal))
+            y = dense_attention(q, k, v, bias, dropout, self.causal)  # (B, H, T, Dh)
 
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, D): heads side by side
         if packed is not None:
             y = packed.unpad(y)  # (N, D)
         return self.resid_drop(self.c_proj(y))
 
+    def content_attention(self, scheme: nn.Module, q: Tensor, k: Tensor, v: Tensor, x: Tensor,
+                          position_ids: Tensor, dropout: AttentionDropout) -> Tensor:
+        """A content scheme's attention: its own (`attend`, recording inside it), or the softmax of
+        its logits (`content_logits`), plus its bias where it has one."""
+        y = scheme.attend(q, k, v, x, self.layer, dropout, self.recorder)
+        if y is not None:
+            return y  # (B, H, T, Dh), e.g. TRA, CoPE, PaTH
+        ids = (position_ids,) if scheme.content_reads_ids else ()  # relative positions read IDs
+        logits = scheme.content_logits(q, k, x, self.layer, *ids)  # (B, H, T, T), masked by the scheme
+        if scheme.has_bias:
+            logits = logits + scheme.bias(position_ids)
+        att = dropout.weights(masked_softmax(dropout.logits(logits)))  # (B, H, T, T) float32
+        if self.recorder is not None:
+            self.recorder.add(self.layer, att)
+        return att.to(v.dtype) @ v

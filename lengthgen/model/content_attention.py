@@ -70,17 +70,17 @@ def tra_attention(q: Tensor, k: Tensor, v: Tensor, gate_logit: Tensor, chunk: in
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
-def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, npos_max: int, chunk: int = 0,
+def cope_attention(q: Tensor, k: Tensor, v: Tensor, pos_emb: Tensor, chunk: int = 0,
                    dropout: AttentionDropout = NO_DROPOUT, keep: list | None = None, keep_last: bool = False) -> Tensor:
     """Contextual position encoding (Golovneva et al., 2024), causal.
 
-    q, k, v (B, H, T, Dh); pos_emb (Dh, npos_max), the position vectors E[p].
+    q, k, v (B, H, T, Dh); pos_emb (Dh, npos_max), the position vectors E[p] (its width is npos_max).
     Gates g_ij = sigmoid(q_i . k_j / sqrt(Dh)) for j <= i (0 for the future); positions
     p_ij = sum_{m=j..i} g_im, clamped to npos_max - 1; z_i[p] = q_i . E[p] at integer p,
     linearly interpolated between floor(p) and ceil(p); logits (q_i . k_j + z_i[p_ij]) / sqrt(Dh).
     Returns (B, H, T, Dh). Queries run `chunk` at a time (0 = all), and `keep` records, as in
     `tra_attention`."""
-    Dh, T = q.shape[-1], q.shape[-2]
+    Dh, T, npos_max = q.shape[-1], q.shape[-2], pos_emb.shape[-1]
     out = []
     for s, e in query_spans(T, chunk, q.shape[0] * q.shape[1], q.is_cuda):
         qc = q[:, :, s:e]

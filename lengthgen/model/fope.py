@@ -62,7 +62,7 @@ class FoPE(PositionalScheme):
     noise's own seed (0), apart from train.model_seed, so that seeds trained as one stacked model
     (whose steps carry each seed's parameters, not its buffers) read the same series as alone."""
 
-    window_option = "window"  # lengthgen.assembly.training_window_option fills it from the task
+    window_option = "window"  # a new run fills it from the task (lengthgen.assembly.runs._training_window_option)
 
     @classmethod
     def check(cls, model: ModelConfig) -> None:

@@ -223,7 +223,7 @@ class CoPE(PositionalScheme):
     def attend(self, q, k, v, x, layer, dropout, recorder=None):
         kept, last = (recorder.chunks(layer), recorder.last_only) if recorder is not None else (None, False)
         attention = fused("cope") if fuses(q, kept) else cope_attention
-        return attention(q, k, v, self.pos_emb[layer], self.npos_max, self.chunk, dropout, kept, last)
+        return attention(q, k, v, self.pos_emb[layer], self.chunk, dropout, kept, last)  # pos_emb: (Dh, npos_max)
 
 
 class FoX(PositionalScheme):

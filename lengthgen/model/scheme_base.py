@@ -4,6 +4,8 @@ own so that schemes kept in other files (lengthgen.model.relative_positions) sub
 import cycle through the registry in positions.py."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -18,15 +20,29 @@ def default_position_ids(seq_len: int, device=None) -> Tensor:
     return torch.arange(seq_len, device=device, dtype=torch.long)[None, :]
 
 
+_checked_elsewhere = 0  # > 0 inside `ids_checked_elsewhere`
+
+
+@contextlib.contextmanager
+def ids_checked_elsewhere():
+    """Inside: table lookups do not read their IDs on the host to check their range, since the
+    caller cannot let them (seeds stacked under vmap, lengthgen.accel.stacked) and has made sure
+    of the range itself."""
+    global _checked_elsewhere
+    _checked_elsewhere += 1
+    try:
+        yield
+    finally:
+        _checked_elsewhere -= 1
+
+
 def _check_table(position_ids: Tensor, max_positions: int, name: str) -> None:
     # A table lookup past the end would be an opaque index error (or, for the
     # sinusoidal table, a silent extrapolation the config did not ask for). Not while a CUDA graph
-    # records (lengthgen.training.captured): reading the IDs on the host would break the recording,
+    # records (lengthgen.accel.captured): reading the IDs on the host would break the recording,
     # and the step's first, eager run checked the shape's IDs.
-    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+    if _checked_elsewhere or (position_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
-    while torch._C._functorch.is_functorch_wrapped_tensor(position_ids):  # under vmap (stacked seeds): all at once
-        position_ids = torch._C._functorch.get_unwrapped(position_ids)
     hi, lo = int(position_ids.max()), int(position_ids.min())
     if hi >= max_positions or lo < 0:
         raise ValueError(
@@ -43,13 +59,13 @@ class PositionalScheme(nn.Module):
     has_table = False  # True if it reads a table of model.max_positions rows
     adds_ids = False  # True if `embed` adds the position IDs to the input (absolute positions)
     trains_table = False  # True if its table is a parameter drawn from N(0, std^2), std its `std` option
-    # True if it can attend both ways (model.causal = false, checked by lengthgen.assembly): it adds no causal
+    # True if it can attend both ways (model.causal = false, checked by lengthgen.assembly.checks): it adds no causal
     # assumption of its own, as a bias or content scheme defined on past keys only (i - j >= 0, a decay
     # along the past) does
     bidirectional = True
     content_reads_ids = False  # True if `content_logits` also takes the position IDs (relative positions)
     # an option sized by the positions trained, which a new run fills with the largest training position
-    # ID + 1 where its config leaves it unset (lengthgen.assembly.training_window_option; FoPE's window)
+    # ID + 1 where its config leaves it unset (lengthgen.assembly.runs._training_window_option; FoPE's window)
     window_option: str | None = None
 
     @classmethod

@@ -225,13 +225,13 @@ def plot_delta(refs: list[str], edges: list[int], select: str, path: Path) -> di
 def example_tokens(ref: str, count: int, select: str) -> tuple[list[dict], object, np.ndarray, dict]:
     """The `count` tokens of T* with the largest D among the sparsest (k <= 4 first), with the
     reference's corpus and test stream to draw them."""
-    from lengthgen.assembly import assemble_saved
+    from lengthgen.assembly.runs import saved_run
     from lengthgen.evaluation.language_model import documents
 
     cost = read_json(Path(ref) / TOKEN_EVAL).get("dependence", {})
     dep = [r for r in read_dependence(Path(ref) / DEPENDENCE) if (r["in_tau"] if select == "tau" else r["in_top"])]
     dep.sort(key=lambda r: (r["k"] > 4, -r["delta"]))
-    task = assemble_saved(Path(ref) / "config.toml").task
+    task = saved_run(Path(ref) / "config.toml").task
     stream = task.corpus.tokens("test")
     starts, _ = documents(stream)
     picked = dep[:count]

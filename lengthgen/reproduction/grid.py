@@ -46,12 +46,14 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lengthgen.assembly import Run, assemble, assembled, check_sweep
+from lengthgen.assembly.checks import check_sweep
+from lengthgen.assembly.runs import Run, new_run, new_run_config
 from lengthgen.config.presets import EXPERIMENTS, GRID
 from lengthgen.config.schema import (PER_RUN_KEYS, RUNTIME_KEYS, _hint, flat, from_data, option_combinations,
                                      parse_override, read, to_dict, toml_value, tomllib)
 from lengthgen.errors import UserError
 from lengthgen.reproduction.axes import axis_name, cut_axes
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.results.rows import cell
 from lengthgen.methods.looped.stop_rules import parse_rule
 
@@ -90,12 +92,12 @@ class Job:
 
     def loaded(self):
         """The run's config: the one planning validated, or (a job made without it) its preset loaded."""
-        return from_data(self.config) if self.config else assemble(self.preset, self.overrides).cfg
+        return from_data(self.config) if self.config else new_run_config(self.preset, self.overrides)
 
     def assembled(self) -> Run:
         """The run with its parts built: from the config planning checked (not checked again), or
         (a job made without it) its preset assembled."""
-        return assembled(from_data(self.config)) if self.config else assemble(self.preset, self.overrides)
+        return Run.from_checked(from_data(self.config)) if self.config else new_run(self.preset, self.overrides)
 
 
 def merge(base: dict, change: dict) -> dict:
@@ -354,7 +356,7 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
             for values in option_combinations(at.axes(entry)):
                 try:
                     sets = at.overrides(entry, arm, values) + list(extra)
-                    run = assemble(preset, sets)
+                    run = new_run(preset, sets)
                 except UserError:
                     if entry in tasks and arm in arms:
                         raise
@@ -372,19 +374,20 @@ def labels_of(at: AtScale, tasks: list[str], arms: list[str], extra: list[str]) 
     return labels, loaded
 
 
-def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, out: Path, workers: int,
-         samples: int = 0, extra: list[str] | None = None, threads: int = 0, axes: dict | None = None,
-         plugins: list[str] = ()) -> list[Job]:
-    """The jobs of a reproduction. `threads`: torch threads per run; 0 shares the machine's
-    cores among the workers. `axes` ({key: [values]}, --axis): run only these values of an axis, which
-    may add values the grid does not declare (a plugin's scheme beside the grid's). `plugins`: loaded
-    by the caller, recorded in every run's config after its preset's own. Every config is loaded
-    (validated) here, in the parent process, once per task, arm and axis values, with its overrides;
-    each job carries both, seeds and threads set, so no worker loads it again."""
-    at = grid.at(scale).with_values(tasks, axes)
-    chosen_axes = cut_axes(at, tasks, axes)
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    jobs, (labels, loaded) = [], labels_of(at, tasks, arms, list(extra or []))
+def plan(grid: Grid, request: ReproduceRequest) -> list[Job]:
+    """The jobs of a reproduction: `request`'s tasks and arms at its scale, `request.seeds` runs each
+    in request.out/runs (given: lengthgen.reproduction.runner.planned fills in their defaults).
+    `threads`: torch threads per run; 0 shares the machine's cores among the `workers` (None: one).
+    `axes` ({key: [values]}, --axis): run only these values of an axis, which may add values the grid
+    does not declare (a plugin's scheme beside the grid's). `overrides`: every run's, after its arm's.
+    `plugins`: loaded by the caller, recorded in every run's config after its preset's own. Every
+    config is loaded (validated) here, in the parent process, once per task, arm and axis values, with
+    its overrides; each job carries both, seeds and threads set, so no worker loads it again."""
+    tasks, arms, out, plugins = list(request.tasks), list(request.arms), Path(request.out), request.plugins
+    at = grid.at(request.scale).with_values(tasks, request.axes)
+    chosen_axes = cut_axes(at, tasks, request.axes)
+    threads = request.threads or max(1, (os.cpu_count() or 1) // (request.workers or 1))
+    jobs, (labels, loaded) = [], labels_of(at, tasks, arms, list(request.overrides))
     for task in tasks:
         preset = at.preset(task)
         for arm in (a for a in arms if a in at.arms_of(task)):
@@ -399,14 +402,14 @@ def plan(grid: Grid, scale: str, tasks: list[str], arms: list[str], seeds: int, 
                     parse_stop(grid, arm, stop, method)
                 name = "-".join([task, arm, *(f"{axis_name(k)}={cell(v)}" for k, v in values.items())])
                 sweep = at.evaluation_sweep(run)
-                for seed in range(seeds):
+                for seed in range(request.seeds):
                     seeded = copy.deepcopy(cfg)
                     seeded.train.model_seed = seeded.data.seed = seed
                     seeded.train.threads = threads
                     seeded.plugins = list(dict.fromkeys(seeded.plugins + list(plugins)))
                     jobs.append(Job(task, arm, seed, str(preset),
                                     sets + [f"train.model_seed={seed}", f"data.seed={seed}", f"train.threads={threads}"],
-                                    str(out / "runs" / f"{name}-s{seed}"), stops, per_step, samples, threads,
+                                    str(out / "runs" / f"{name}-s{seed}"), stops, per_step, request.samples, threads,
                                     labels[(task, arm, tuple(values.items()))], config=to_dict(seeded), sweep=sweep))
     return jobs
 

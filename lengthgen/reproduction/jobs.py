@@ -20,11 +20,12 @@ from lengthgen.config.schema import RUNTIME_KEYS, EvalConfig, flat, parse_length
 from lengthgen.errors import UserError
 from lengthgen.evaluation.during_training import training_tests
 from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.reproduction.grid import Job
 from lengthgen.results.rows import LABELS, outdated, read_per_step, read_rows, relabel
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.run_folders import unstarted
-from lengthgen.training.stacked import train_stacked
+from lengthgen.training.stacked_seeds import train_stacked
 from lengthgen.training.trainer import is_finished, train
 
 
@@ -42,8 +43,16 @@ def config_difference(folder: Path, cfg) -> str | None:
     return None
 
 
+def job_evaluation(job: Job, ev: EvalConfig) -> EvalSettings:
+    """How a reproduction evaluates a job's run (`ev` its [eval] section): at eval.lengths, with
+    --samples (else eval.samples), its arm's stop rules and per_step, its [[evaluate]] sweep (else
+    eval.sweep), without a progress bar."""
+    return EvalSettings(lengths=parse_lengths(ev.lengths), samples=job.samples or ev.samples, stops=job.stops,
+                        per_step=job.per_step, sweep=job.sweep or None, progress=False)
+
+
 def eval_settings(job: Job, ev: EvalConfig) -> dict:
-    """What a run's evaluation depends on beyond its config; recorded in eval.done."""
+    """What a run's evaluation (`job_evaluation`) depends on beyond its config; recorded in eval.done."""
     settings = {"samples": job.samples or ev.samples, "lengths": parse_lengths(ev.lengths),
                 "stops": job.stops, "per_step": job.per_step}
     if job.sweep:  # a grid's [[evaluate]] sweep (recorded only where there is one: older eval.done files stay current)
@@ -120,8 +129,7 @@ def run_job(job: Job) -> dict:
         if not skipped:
             done.unlink(missing_ok=True)  # an interrupted evaluation must not look finished
             set_aside_if_unreadable(folder / "eval.csv")
-            evaluate_run(folder, settings["lengths"], settings["samples"], stops=job.stops or None,
-                         per_step=job.per_step, progress=False, sweep=job.sweep or None)
+            evaluate_run(folder, job_evaluation(job, cfg.eval))
             done.write_text(json.dumps(settings) + "\n")
         return {"folder": job.folder, "ok": True, "seconds": time.perf_counter() - start, "skipped": skipped}
     except BaseException as err:  # report any failure of this run and let the others go on
@@ -131,7 +139,7 @@ def run_job(job: Job) -> dict:
 
 def run_group(jobs: list[Job]) -> list[dict]:
     """The seeds of one configuration (`reproduce --stack-seeds`): the unfinished ones trained as
-    one stacked model (lengthgen.training.stacked), then each evaluated by run_job; never raises."""
+    one stacked model (lengthgen.accel.stacked), then each evaluated by run_job; never raises."""
     start = time.perf_counter()
     try:
         todo = [job for job in jobs if not is_finished(Path(job.folder))]

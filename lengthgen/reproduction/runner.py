@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -38,6 +38,7 @@ from lengthgen.reproduction import grid as grids
 from lengthgen.reproduction.grid import AtScale, Job
 from lengthgen.reproduction.jobs import already_done, run_group, run_job, seed_groups
 from lengthgen.reproduction.ray_runner import run_on_ray
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX
 from lengthgen.runtime.devices import check_precision, pick_device
 from lengthgen.runtime.resources import check_fits
@@ -64,7 +65,7 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-# Local runs on CUDA: how many share one GPU, measured by benchmarks/gpu.py on an H200
+# Local runs on CUDA: how many share one GPU, measured by benchmarks/speed/gpu.py on an H200
 # (docs/cluster.md, "Several runs per GPU"). A recorded step (train.capture) keeps the GPU busy
 # 82-90 % of the time: four looped Parity runs at once trained 0.94x as fast as one. An eager step
 # leaves it idle over 80 % of the time, waiting on launches: four eager runs trained 3.6x as fast.
@@ -84,7 +85,7 @@ def gpus_used(jobs: list[Job]) -> int:
 
 
 def all_captured(jobs: list[Job]) -> bool:
-    """Whether every run records its steps as CUDA graphs (lengthgen.training.captured)."""
+    """Whether every run records its steps as CUDA graphs (lengthgen.accel.captured)."""
     return all(cfg.train.capture and cfg.data.shards == 1 and METHODS[cfg.method].capturable
                for cfg in (job.loaded() for job in jobs))
 
@@ -125,63 +126,63 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 @dataclass
 class Reproduction:
-    """A reproduction planned once: the grid at its scale, the tasks, arms and seeds chosen, where it
-    writes, the report's layout, and every job."""
+    """A reproduction planned once: the grid at its scale, the request with every default filled in
+    (its scale, seeds, tasks, arms, out and workers given), the report's layout, and every job."""
     paper: str
     at: AtScale
-    tasks: list[str]
-    arms: list[str]
-    seeds: int
-    out: Path
-    samples: int
-    extra: list[str]
+    request: ReproduceRequest
     layout: dict
     jobs: list[Job]
-    axes: dict = field(default_factory=dict)  # --axis: the grid's axes cut to some of their values (or new ones)
-    plugins: list = field(default_factory=list)  # --plugin: recorded in every run's config
+
+    @property
+    def out(self) -> Path:
+        """The folder of the runs (OUT/runs) and of the report."""
+        return self.request.out
 
     def shape(self, where: str) -> str:
         """The line that says what runs, e.g. `18 runs (6 tasks x 3 arms x 1 seeds) in OUT/runs, 2 worker(s)`."""
-        axes = " x axis values" if any(self.at.axes(task) for task in self.tasks) else ""
+        tasks, arms = self.request.tasks, self.request.arms
+        axes = " x axis values" if any(self.at.axes(task) for task in tasks) else ""
         pairs = len({(job.task, job.arm) for job in self.jobs})  # tasks may run only some arms
-        shape = (f"{len(self.tasks)} tasks x {len(self.arms)} arms" if pairs == len(self.tasks) * len(self.arms)
+        shape = (f"{len(tasks)} tasks x {len(arms)} arms" if pairs == len(tasks) * len(arms)
                  else f"{pairs} task-arm pairs")
-        return f"{len(self.jobs)} runs ({shape}{axes} x {self.seeds} seeds) in {self.out}/runs, {where}"
+        return f"{len(self.jobs)} runs ({shape}{axes} x {self.request.seeds} seeds) in {self.out}/runs, {where}"
 
     def command(self) -> str:
         """The command that reproduces this reproduction, for the report."""
-        return shlex.join(["lengthgen", "reproduce", self.paper, "--scale", self.at.name, "--seeds", str(self.seeds),
-                           "--tasks", ",".join(self.tasks), "--arms", ",".join(self.arms), "--out", str(self.out)]
-                          + (["--samples", str(self.samples)] if self.samples else [])
-                          + [arg for key, values in self.axes.items() for arg in ("--axis", f"{key}={','.join(values)}")]
-                          + [arg for p in self.plugins for arg in ("--plugin", p)]
-                          + [arg for e in self.extra for arg in ("--set", e)])
+        r = self.request
+        return shlex.join(["lengthgen", "reproduce", self.paper, "--scale", self.at.name, "--seeds", str(r.seeds),
+                           "--tasks", ",".join(r.tasks), "--arms", ",".join(r.arms), "--out", str(self.out)]
+                          + (["--samples", str(r.samples)] if r.samples else [])
+                          + [arg for key, values in r.axes.items() for arg in ("--axis", f"{key}={','.join(values)}")]
+                          + [arg for p in r.plugins for arg in ("--plugin", p)]
+                          + [arg for e in r.overrides for arg in ("--set", e)])
 
 
-def planned(paper: str, scale: str | None, seeds: int | None, tasks: list[str] | None, arms: list[str] | None,
-            out: Path | None, workers: int, samples: int, extra: list[str], threads: int,
-            axes: dict | None = None, plugins: list[str] = ()) -> Reproduction:
-    """The reproduction of `paper` at `scale` (default: cpu, or the grid's first scale) with the tasks
-    and arms named (default: the grid's), every config validated: what the grid refuses is one line
-    here, before anything is written."""
+def planned(paper: str, request: ReproduceRequest) -> Reproduction:
+    """The reproduction of `paper` as `request` asks: at its scale (default: cpu, or the grid's first
+    scale) with the tasks and arms named (default: the grid's), every config validated: what the grid
+    refuses is one line here, before anything is written. The plan holds the request with its
+    defaults filled in, which the grid plans (lengthgen.reproduction.grid.plan)."""
     grid = grids.find(paper)
-    at = grid.pick(scale)
-    seeds = at.data.get("seeds", 3) if seeds is None else seeds
-    tasks, arms = at.chosen("tasks", tasks), at.chosen("arms", arms)
+    at = grid.pick(request.scale)
+    seeds = at.data.get("seeds", 3) if request.seeds is None else request.seeds
+    tasks, arms = at.chosen("tasks", request.tasks), at.chosen("arms", request.arms)
     layout = {**DEFAULT_LAYOUT, **at.data.get("report", {})}
     # the grid's comparisons of arms that this reproduction runs, with the 2 seeds a test needs
     # (`--arms` or `--seeds 1` leaves the others out; `lengthgen report --compare` sets any pair)
     layout["compare"] = [pair for pair in layout.get("compare", [])
                          if seeds >= 2 and set(pair.split(",") if isinstance(pair, str) else pair) <= set(arms)]
     figure_specs(layout)  # a bad figure in the grid stops here, before any run
-    out = Path(out or f"runs/reproduce-{grid.name}-{at.name}")
+    out = Path(request.out or f"runs/reproduce-{grid.name}-{at.name}")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
-    jobs = grids.plan(grid, at.name, tasks, arms, seeds, out, workers, samples, extra, threads, axes, list(plugins))
+    request = replace(request, scale=at.name, seeds=seeds, tasks=tasks, arms=arms, out=out)
+    jobs = grids.plan(grid, request)
     if not jobs:  # every chosen task runs only other arms
         runs = "; ".join(f"{task} runs {', '.join(at.arms_of(task))}" for task in tasks)
         raise UserError(f"--tasks and --arms select no run of {grid.name} ({runs})")
-    return Reproduction(paper, at, tasks, arms, seeds, out, samples, extra, layout, jobs, dict(axes or {}), list(plugins))
+    return Reproduction(paper, at, request, layout, jobs)
 
 
 def check_machine(jobs: list[Job]) -> None:
@@ -194,36 +195,29 @@ def check_machine(jobs: list[Job]) -> None:
         check_fits(run.cfg, run.task.vocab_size, run.widest, pick_device(run.cfg.train.device))
 
 
-def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, tasks: list[str] | None = None,
-              arms: list[str] | None = None, out: Path | None = None, workers: int | None = None,
-              samples: int = 0, progress: bool = True, extra: list[str] | None = None, threads: int = 0,
-              backend: str = "local", address: str | None = None, gpus_per_job: float | None = None,
-              axes: dict | None = None, stack_seeds: bool = False, plugins: list[str] | None = None) -> Path:
-    """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) at
-    `scale` (default: cpu, or the grid's first scale) and write its report. `extra`: KEY=VALUE
-    config overrides applied to every run (after the arm's). `backend`: "local" (a pool of
-    `workers` processes) or "ray" (a task per run on the cluster at `address`, or on a local Ray
-    instance; `gpus_per_job` GPUs each, see lengthgen.reproduction.ray_runner). `workers` None:
-    WORKERS_PER_GPU per GPU where the runs train on CUDA, else CPU_WORKERS. `stack_seeds`: the seeds
-    of each configuration train as one stacked model in one worker (local backend). `plugins`: modules or
-    files imported here and recorded in every run's config, so each worker imports them. The command checks
-    its flags before calling this (lengthgen.cli.check_reproduce_flags)."""
-    plugins = load_plugins(plugins or [])
-    chosen = workers or default_workers(machine_gpus() if backend == "local" else 0)
-    plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads, axes, plugins)
-    gpus = gpus_used(plan.jobs) if backend == "local" else 0
-    if workers is None and chosen != default_workers(gpus, all_captured(plan.jobs)):  # planned again, rarely
-        chosen = default_workers(gpus, all_captured(plan.jobs))
-        plan = planned(paper, scale, seeds, tasks, arms, out, chosen, samples, list(extra or []), threads, axes,
-                       plugins)
-    workers = chosen
-    if backend == "local":  # on a cluster, each run checks the node it lands on
+def reproduce(paper: str, request: ReproduceRequest | None = None) -> Path:
+    """Run `paper`'s grid (a name under experiments/ or a folder holding a grid.toml) as `request`
+    asks (lengthgen.reproduction.request; None: every default) and write its report. Its backend
+    "local" runs a pool of `workers` processes (None: WORKERS_PER_GPU per GPU where the runs train on
+    CUDA, else CPU_WORKERS), "ray" a task per run on the cluster at `address`, or on a local Ray
+    instance (lengthgen.reproduction.ray_runner). Its plugins are imported here and recorded in every
+    run's config, so each worker imports them. The command checks its flags before calling this
+    (lengthgen.cli.check_reproduce_flags)."""
+    request = request or ReproduceRequest()
+    request = replace(request, plugins=load_plugins(list(request.plugins)))  # recorded as loaded: files made absolute
+    local = request.backend == "local"
+    chosen = request.workers or default_workers(machine_gpus() if local else 0)
+    plan = planned(paper, replace(request, workers=chosen))
+    gpus = gpus_used(plan.jobs) if local else 0
+    if request.workers is None and chosen != default_workers(gpus, all_captured(plan.jobs)):  # planned again, rarely
+        plan = planned(paper, replace(request, workers=default_workers(gpus, all_captured(plan.jobs))))
+    if local:  # on a cluster, each run checks the node it lands on
         check_machine(plan.jobs)
     with OutLock(plan.out):  # until the report is written: a second writer of --out (reproduce, report, export) stops
         check_reproduction_out(plan.out)  # never into a run folder or an export, checked under the lock
         check_overwritable(plan.out, REPRODUCTION_FILES)  # e.g. --out . in a project with a report.md of its own
         plan.out.mkdir(parents=True, exist_ok=True)
-        print(plan.shape(f"{workers} worker(s)" if backend == "local" else "on Ray"), file=sys.stderr)
+        print(plan.shape(f"{plan.request.workers} worker(s)" if local else "on Ray"), file=sys.stderr)
         # Finished runs are skipped here, in this process: a worker would load torch (seconds) to
         # find nothing to do, so a rerun for the report alone starts none.
         results = [run_job(job) for job in plan.jobs if already_done(job)]
@@ -231,10 +225,10 @@ def reproduce(paper: str, scale: str | None = None, seeds: int | None = None, ta
         todo = [job for job in plan.jobs if job.folder not in kept]
         if kept:
             print(f"{len(kept)} of {len(plan.jobs)} runs already trained and evaluated: kept", file=sys.stderr)
-        if todo and backend == "ray":
-            results += run_on_ray(run_job, todo, plan.out, address, progress, gpus_per_job)
+        if todo and request.backend == "ray":
+            results += run_on_ray(run_job, todo, plan.out, request.address, request.progress, request.gpus_per_job)
         elif todo:
-            results += run_all(todo, workers, progress, gpus, stack_seeds)
+            results += run_all(todo, plan.request.workers, request.progress, gpus, request.stack_seeds)
         results.sort(key=lambda r: r["folder"])  # the report does not depend on the order runs finished in
         return write_results(plan, results)
 

@@ -96,7 +96,7 @@ def sha256(file: Path) -> str:
 @contextlib.contextmanager
 def own_values(model):
     """The model with every parameter holding its own values while it is written: a seed trained
-    stacked (lengthgen.training.stacked) has views of every seed's rows, which safetensors refuses."""
+    stacked (lengthgen.accel.stacked) has views of every seed's rows, which safetensors refuses."""
     views = [(p, p.data) for p in model.parameters() if p.untyped_storage().nbytes() > p.nbytes]
     for p, view in views:
         p.data = view.clone()
@@ -211,7 +211,7 @@ def newest_complete(root: Path, why: str) -> Path | None:
 def read_state(path: Path) -> dict:
     """state.json of checkpoint `path`, with the keys every checkpoint holds checked (present, of
     the right JSON type) so that no caller meets a KeyError. Its config is a dict: the caller
-    assembles it (lengthgen.assembly.assemble_saved, naming the checkpoint)."""
+    assembles it (lengthgen.assembly.runs.saved_run, naming the checkpoint)."""
     file = path / "state.json"
     try:
         state = json.loads(file.read_text())
@@ -283,7 +283,7 @@ def load_optimizer(optimizer, file: Path, digests: dict | None = None) -> None:
 def portable_state(optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's state dict as an eager run on any device reads it: lr a number, not
     capturable, step counts on the CPU (a checkpoint written by a recorded run resumes anywhere),
-    each tensor holding its own values only (lengthgen.training.stacked)."""
+    each tensor holding its own values only (lengthgen.accel.stacked)."""
     saved = optimizer.state_dict()
     saved["state"] = {index: dict(slots) for index, slots in saved["state"].items()}  # not the live state's dicts
     for group in saved["param_groups"]:

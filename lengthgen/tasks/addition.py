@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, assemble, reverse_prefix
+from .base import Batch, make_batch, reverse_prefix
 from .decimal_addition import check_flag
 from .hints import HINTS, Hinted, check_hinted, draw_offsets, with_hints
 
@@ -78,7 +78,7 @@ class Addition(Hinted):
         question_len, answer, answer_len = 2 * n + 2, answer + zero, n + 1
         if self.index_hints:
             question, question_len, answer, answer_len = self.hinted(question, answer, n, generator)
-        return assemble(question, question_len, answer, answer_len, lengths=n, n_steps=n.clone(), eos=self.eos)
+        return make_batch(question, question_len, answer, answer_len, lengths=n, n_steps=n.clone(), eos=self.eos)
 
     def hinted(self, question: Tensor, answer: Tensor, n: Tensor, generator: torch.Generator):
         """Question and answer (MSB first) with each bit after the hint of its significance."""

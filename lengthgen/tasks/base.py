@@ -108,8 +108,8 @@ class Batch:
         )
 
 
-def assemble(question: Tensor, question_len: Tensor, answer: Tensor, answer_len: Tensor,
-             lengths: Tensor, n_steps: Tensor, eos: bool = True, bos: bool = False) -> Batch:
+def make_batch(question: Tensor, question_len: Tensor, answer: Tensor, answer_len: Tensor,
+               lengths: Tensor, n_steps: Tensor, eos: bool = True, bos: bool = False) -> Batch:
     """Build a Batch from right-padded question and answer token tensors.
 
     question: (B, Q) with question_len[b] valid tokens (the last one is '=')
@@ -270,7 +270,7 @@ class Task:
         if len(answer_ids) and int(answer_ids[-1]) == EOS:
             answer_ids = answer_ids[:-1]
         question_ids = batch.inputs[i, :q]
-        if q and int(question_ids[0]) == EOS:  # a BOS (assemble's bos) is framing, not text
+        if q and int(question_ids[0]) == EOS:  # a BOS (make_batch's bos) is framing, not text
             question_ids = question_ids[1:]
         return self.decode(question_ids), self.decode(answer_ids)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with
+from .base import Batch, Task, end_with, make_batch
 
 
 class BinarySum(Task):
@@ -36,4 +36,4 @@ class BinarySum(Task):
         shifted = count >> torch.arange(bits.shape[1].bit_length())  # (B, K): count >> k
         answer = (shifted & 1) + zero  # LSB first
         answer_len = (shifted > 0).sum(1).clamp(min=0 if self.empty_zero else 1)  # bit length; "0" or nothing for zero
-        return assemble(question, n + 1, answer, answer_len, lengths=n, n_steps=n.clone())
+        return make_batch(question, n + 1, answer, answer_len, lengths=n, n_steps=n.clone())

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .addition import add_bits
-from .base import BLANK, Batch, Task, assemble, end_with, prefix_mask, uniform_below
+from .base import BLANK, Batch, Task, end_with, make_batch, prefix_mask, uniform_below
 
 END = "#"  # the end token of stack_manipulation and binary_* outputs (the authors' class 2)
 # The authors' range evaluation scores each length in sub-batches of 64 sequences (training/example.py:
@@ -43,7 +43,7 @@ class ChomskyTask(Task):
     def finish(self, x: Tensor, x_len: Tensor, answer: Tensor, answer_len: Tensor, n: Tensor) -> Batch:
         """The batch of inputs x (B, W) (token ids, x_len[b] valid) and answers (B, A) (token ids)."""
         question = end_with(x, x_len, self.token_id("="))
-        return assemble(question, x_len + 1, answer, answer_len, lengths=n, n_steps=n.clone(), eos=False)
+        return make_batch(question, x_len + 1, answer, answer_len, lengths=n, n_steps=n.clone(), eos=False)
 
     def ids(self, values: Tensor, offset: str = "0") -> Tensor:
         """Token ids of small integers written as the tokens "0", "1", ...."""

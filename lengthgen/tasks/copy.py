@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import IGNORE, Batch, Task, assemble, end_with
+from .base import IGNORE, Batch, Task, end_with, make_batch
 
 
 class Copy(Task):
@@ -31,9 +31,9 @@ class Copy(Task):
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, bits = self.random_bits(batch_size, length, generator)  # (B,), (B, max n)
         zero, equals = self.token_id("0"), self.token_id("=")
-        tokens = bits + zero  # row b uses its first n[b] bits; assemble reads no further
-        batch = assemble(end_with(tokens, n, equals), n + 1, tokens, n.clone(),
-                         lengths=n, n_steps=n.clone(), eos=self.eos)
+        tokens = bits + zero  # row b uses its first n[b] bits; make_batch reads no further
+        batch = make_batch(end_with(tokens, n, equals), n + 1, tokens, n.clone(),
+                           lengths=n, n_steps=n.clone(), eos=self.eos)
         if self.coupled:
             q = batch.question_len[:, None]
             j = torch.arange(batch.inputs.shape[1])[None, :]

@@ -16,7 +16,7 @@ import string
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with
+from .base import Batch, Task, end_with, make_batch
 
 LETTERS = string.ascii_lowercase
 
@@ -42,6 +42,6 @@ class CopySymbols(Task):
     def sample(self, batch_size: int, length: int | Tensor, generator: torch.Generator) -> Batch:
         n, width = self.lengths_of(batch_size, length)
         symbols = torch.randint(0, self.answer_symbols, (batch_size, width), generator=generator)
-        tokens = symbols + self.token_id("a")  # row b uses its first n[b]; assemble reads no further
-        return assemble(end_with(tokens, n, self.token_id("=")), n + 1, tokens, n.clone(),
-                        lengths=n, n_steps=n.clone(), eos=self.eos)
+        tokens = symbols + self.token_id("a")  # row b uses its first n[b]; make_batch reads no further
+        return make_batch(end_with(tokens, n, self.token_id("=")), n + 1, tokens, n.clone(),
+                          lengths=n, n_steps=n.clone(), eos=self.eos)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, prefix_mask
+from .base import Batch, Task, make_batch, prefix_mask
 from .copy_symbols import LETTERS
 
 SET, PASS, INCREMENT = 0, 1, 2
@@ -70,8 +70,8 @@ class Counting(Task):
         printed = nth_true(is_set, (uniform((batch_size,), generator) * is_set.sum(1)).long())
         answer = values.gather(1, printed[:, None]) + self.token_id("0")
         question, question_len = self.render(ops, names, n, printed)
-        return assemble(question, question_len, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(),
-                        eos=self.eos)
+        return make_batch(question, question_len, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(),
+                          eos=self.eos)
 
     @staticmethod
     def first_set(n: Tensor, u: Tensor) -> Tensor:

@@ -52,7 +52,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import EOS, IGNORE, Batch, assemble, prefix_mask, uniform_below
+from .base import EOS, IGNORE, Batch, make_batch, prefix_mask, uniform_below
 from .hints import HINTS, Hinted, check_hinted, draw_offsets, with_hints
 
 START = 1  # the operators' ID in evaluation; 0 stays for padding
@@ -156,8 +156,8 @@ class DecimalAddition(Hinted):
             question, question_len = with_hints(question, question_len, significance.masked_fill(
                 (j == plus) | (j == equals), -1), hint)
             answer, answer_len = with_hints(answer, answer_len, torch.arange(width + 1).expand_as(answer), hint)
-        batch = assemble(question, question_len, answer, answer_len, lengths=n, n_steps=n.clone(),
-                         eos=self.eos, bos=self.bos)
+        batch = make_batch(question, question_len, answer, answer_len, lengths=n, n_steps=n.clone(),
+                           eos=self.eos, bos=self.bos)
         if self.coupled:
             batch.position_ids = self.coupled_ids(batch, la, int(self.bos))
             # scored column j predicts the sum digit of significance j - (q - 1): ID START + 2 + j - q;

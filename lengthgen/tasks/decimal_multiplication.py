@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import EOS, IGNORE, Batch, Task, assemble, prefix_mask
+from .base import EOS, IGNORE, Batch, Task, make_batch, prefix_mask
 from .decimal_addition import START, check_flag, exact_digits
 
 
@@ -73,8 +73,8 @@ class DecimalMultiplication(Task):
         from_b = b.gather(1, (equals - 1 - j).clamp(0, m - 1))
         question = torch.where(j < times, from_a, from_b) + digit
         question = torch.where(j == times, self.token_id("*"), torch.where(j == equals, self.token_id("="), question))
-        batch = assemble(question, n + m + 2, product + digit, n + m, lengths=n, n_steps=n.clone(),
-                         eos=self.eos, bos=self.bos)
+        batch = make_batch(question, n + m + 2, product + digit, n + m, lengths=n, n_steps=n.clone(),
+                           eos=self.eos, bos=self.bos)
         if self.coupled:
             self.couple(batch, int(self.bos))
         return batch

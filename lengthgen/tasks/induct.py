@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with, uniform_below
+from .base import Batch, Task, end_with, make_batch, uniform_below
 from .copy_symbols import letters
 
 
@@ -52,4 +52,4 @@ class Induct(Task):
         question = end_with(put(put(string, n + 1, torch.full_like(n, self.token_id("?"))), n + 2, query + a),
                             n + 3, self.token_id("="))
         answer = string.gather(1, (at + 1)[:, None])  # (B, 1): the symbol after the query's occurrence
-        return assemble(question, n + 4, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)
+        return make_batch(question, n + 4, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)

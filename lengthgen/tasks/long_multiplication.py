@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble
+from .base import Batch, Task, make_batch
 from .coupled_levels import laid_out
 from .decimal_addition import check_flag
 from .multi_operand_addition import count_range, normalised, operand_digits
@@ -65,8 +65,8 @@ class LongMultiplication(Task):
         question, q_ids = self.question(a, b, n, d)
         answer, a_ids = self.answer(partial, running, n, d)
         answer_len = d * (n + 2) + d * (n + d + 1) - 1
-        batch = assemble(question, n + d + 2, answer, answer_len, lengths=n, n_steps=n.clone(),
-                         eos=self.eos, bos=self.bos)
+        batch = make_batch(question, n + d + 2, answer, answer_len, lengths=n, n_steps=n.clone(),
+                           eos=self.eos, bos=self.bos)
         if self.coupled:
             batch.position_ids = laid_out(batch.question_len, batch.widths, q_ids, a_ids, self.bos)
         return batch

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble
+from .base import Batch, Task, make_batch
 from .coupled_levels import laid_out
 from .decimal_addition import check_flag
 
@@ -127,8 +127,8 @@ class MultiOperandAddition(Task):
         sums = normalised(prefix)  # (B, M + 1, width): s_k's digits, units first
         question, q_ids = self.question(a, m, W)
         answer, a_ids = self.answer(sums, m, W)
-        batch = assemble(question, m * (W + 1), answer, self.answer_len(m, W),
-                         lengths=n, n_steps=n.clone(), eos=self.eos, bos=self.bos)
+        batch = make_batch(question, m * (W + 1), answer, self.answer_len(m, W),
+                           lengths=n, n_steps=n.clone(), eos=self.eos, bos=self.bos)
         if self.coupled:
             c = self.coupled  # the first c levels
             batch.position_ids = laid_out(batch.question_len, batch.widths, q_ids[:c], a_ids[:c], self.bos)

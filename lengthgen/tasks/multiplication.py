@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .addition import add_bits
-from .base import MAX_STEPS_PER_LENGTH, Batch, Task, assemble, reverse_prefix
+from .base import MAX_STEPS_PER_LENGTH, Batch, Task, make_batch, reverse_prefix
 
 
 class Multiplication(Task):
@@ -64,5 +64,5 @@ class Multiplication(Task):
         if mixed:  # '=' right after row b's n[b] bits
             source = torch.where(j == (a_len + n + 1)[:, None], m + width + 1, source)
         question = row.gather(1, source.clamp(max=m + width + 1))
-        return assemble(question, a_len + n + 2, product + zero, a_len + n,
-                        lengths=n, n_steps=a_len * n, eos=self.eos)
+        return make_batch(question, a_len + n + 2, product + zero, a_len + n,
+                          lengths=n, n_steps=a_len * n, eos=self.eos)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with
+from .base import Batch, Task, end_with, make_batch
 
 
 class Parity(Task):
@@ -24,4 +24,4 @@ class Parity(Task):
         zero, equals = self.token_id("0"), self.token_id("=")
         question = end_with(bits + zero, n, equals)
         answer = (bits.sum(1, keepdim=True) % 2) + zero  # (B, 1)
-        return assemble(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)
+        return make_batch(question, n + 1, answer, torch.ones_like(n), lengths=n, n_steps=n.clone(), eos=self.eos)

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with, prefix_mask
+from .base import Batch, Task, end_with, make_batch, prefix_mask
 from .copy_symbols import letters
 
 BLANK_TOKEN = "."  # not "_": that is BLANK, what whole-answer methods put in the answer's place
@@ -64,8 +64,8 @@ class SelectiveCopy(Task):
         order = (~blank).long().cumsum(1) - 1  # which symbol a non-blank place holds
         placed = symbols.gather(1, order.clamp(0, width - 1)) + self.token_id("a")
         body = torch.where(blank, self.token_id(BLANK_TOKEN), placed)
-        return assemble(end_with(body, total, self.token_id("=")), total + 1, symbols + self.token_id("a"),
-                        n.clone(), lengths=n, n_steps=n.clone(), eos=self.eos)
+        return make_batch(end_with(body, total, self.token_id("=")), total + 1, symbols + self.token_id("a"),
+                          n.clone(), lengths=n, n_steps=n.clone(), eos=self.eos)
 
     def source_positions(self, batch: Batch) -> Tensor:
         """The answer's k-th symbol is the question's k-th non-blank token: its position."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Batch, Task, assemble, end_with, prefix_mask, uniform_below
+from .base import Batch, Task, end_with, make_batch, prefix_mask, uniform_below
 
 
 def positive(value, name: str) -> int:
@@ -76,5 +76,5 @@ class SparseParity(Task):
             source = torch.where(j < n[:, None], j, j - n[:, None] + width).clamp(max=2 * width - 1)
             body = torch.cat([bits, selected], 1).gather(1, source)
         question = end_with(body, 2 * n, self.token_id("="))
-        return assemble(question, 2 * n + 1, answer + self.token_id("0"), torch.ones_like(n),
-                        lengths=n, n_steps=n.clone(), eos=self.eos)
+        return make_batch(question, 2 * n + 1, answer + self.token_id("0"), torch.ones_like(n),
+                          lengths=n, n_steps=n.clone(), eos=self.eos)

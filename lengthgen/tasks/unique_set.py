@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import IGNORE, MAX_VOCAB, Batch, Task, assemble, end_with, prefix_mask
+from .base import IGNORE, MAX_VOCAB, Batch, Task, end_with, make_batch, prefix_mask
 
 
 class UniqueSet(Task):
@@ -57,7 +57,7 @@ class UniqueSet(Task):
         symbol0 = self.token_id("0")
         answer = x.gather(1, keep) + symbol0
         question = end_with(x + symbol0, n, self.token_id("="))
-        batch = assemble(question, n + 1, answer, first.sum(1), lengths=n, n_steps=n.clone())
+        batch = make_batch(question, n + 1, answer, first.sum(1), lengths=n, n_steps=n.clone())
         if self.coupled:
             self.couple(batch, keep)
         return batch

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lengthgen.assembly import Run, assemble_saved, assembled
-from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
+from lengthgen.assembly.runs import Run, saved_run
+from lengthgen.config.schedules import curriculum_max, learning_rate
 from lengthgen.config.schema import Config, TrainConfig, to_dict, to_toml
 from lengthgen.errors import ResourceError, TrainingDiverged, UserError, path_problem
-from lengthgen.model.compiling import compilations, compile_blocks, compile_failed, fall_back
+from lengthgen.accel.hook import FastPaths
 from lengthgen.results.metrics_log import METRICS_LOG, PREFIX, read_metrics
 from lengthgen.runtime import checkpoint
 from lengthgen.runtime.devices import autocast, check_precision, pick_device
@@ -37,7 +37,6 @@ from lengthgen.tasks import Batch, Task
 from lengthgen.tasks.base import sample_mixed
 from lengthgen.training import trackers
 from lengthgen.training.distributed import Ranks, no_sync, shard_seed
-from lengthgen.training.captured import CapturedSteps, capture_refusal, note, replayed_or_none
 from lengthgen.training.finite_set import FiniteSet, training_set
 from lengthgen.training.run_state import RunState
 
@@ -90,7 +89,7 @@ def backward(loss_of, batches: list[Batch], cfg: Config, step: int, shards: rang
 
 def update(optimizer: torch.optim.Optimizer, model: torch.nn.Module, lr: float, grad_clip: float) -> None:
     """An eager step's update once its gradients are in: the learning rate, clipping, the optimizer
-    (a captured step does the same inside its graph: lengthgen.training.captured)."""
+    (a captured step does the same inside its graph: lengthgen.accel.captured)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     if grad_clip > 0:
@@ -136,14 +135,14 @@ def resumed_run(folder: Path) -> tuple[Run, bool]:
     check_is_folder(folder)
     path = checkpoint.latest(folder) if folder.is_dir() else None
     if path is not None:
-        return assemble_saved(checkpoint.read_state(path)["config"], path / "state.json"), True
+        return saved_run(checkpoint.read_state(path)["config"], path / "state.json"), True
     if not (folder / "config.toml").is_file():
         raise UserError(f"cannot resume: {folder} holds no run (no checkpoint and no config.toml)")
     if not unstarted(folder):
         kept = ", ".join(sorted(p.name for p in folder.iterdir()))
         raise UserError(f"cannot resume: {folder} has no checkpoint but holds {kept}; "
                         "not overwriting it (--force starts the run afresh)")
-    return assemble_saved(folder / "config.toml"), False
+    return saved_run(folder / "config.toml"), False
 
 
 class Trainer:
@@ -160,8 +159,7 @@ class Trainer:
         self.transform = run.transform
         self.fixed_set = training_set(cfg, task)  # None: fresh samples every step
         self.loss_of, self.shards = None, ranks.shards(cfg.data.shards)
-        self.compiled, self.graphs_before = False, 0
-        self.captured: CapturedSteps | None = None  # the step as CUDA graphs (train.capture)
+        self.fast = FastPaths(cfg, run.method, state, device, ranks.world)  # train.compile, train.capture
         self.loss_sum = torch.zeros((), device=device)  # on the device: no host sync per step on GPUs
         self.finite = torch.ones((), dtype=torch.bool, device=device)
         self.window_start, self.window_steps, self.window_samples = time.perf_counter(), 0, 0
@@ -178,37 +176,15 @@ class Trainer:
         try:
             return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
         except Exception as err:
-            if not (self.compiled and compile_failed(err)):
+            if not self.fast.recovered(err):
                 raise
-            fall_back(self.state.model, err)
-            self.compiled = False
             optimizer.zero_grad(set_to_none=True)
             return backward(self.loss_of, batches, self.cfg, self.state.step, self.shards, self.device)
-
-    def replayed(self, batches: list[Batch], lr: float) -> torch.Tensor | None:
-        """The whole step from a CUDA graph (gradients, clipping, the optimizer): its loss, or None
-        when recording fails, with a note, and every later step runs eagerly."""
-        loss = replayed_or_none(self.captured, batches[0], lr)
-        if loss is None:
-            self.captured = None
-        return loss
-
-    def start_capture(self) -> None:
-        """Record steps as CUDA graphs where train.capture asks and the run allows, else a note."""
-        tr = self.cfg.train
-        if not (tr.capture and self.device.type == "cuda"):
-            return
-        reason = capture_refusal(self.method, self.ranks.world, self.cfg.data.shards)
-        if reason:
-            return note(reason)
-        compile_after = max(0, curriculum_end(self.cfg) - self.state.step) if tr.compile else None  # its last length
-        self.captured = CapturedSteps(self.method, self.state.model, self.state.optimizer, self.cfg.optim.grad_clip,
-                                      tr.precision, self.device, compile_after)
 
     def step(self) -> tuple[float, int]:
         """One optimizer step; returns its learning rate and curriculum maximum."""
         lr, high, batches = self.prepare()
-        loss = self.replayed(batches, lr) if self.captured is not None else None
+        loss = self.fast.replayed(batches, lr)
         if loss is None:
             loss = self.learn(batches)
             update(self.state.optimizer, self.state.model, lr, self.cfg.optim.grad_clip)
@@ -242,10 +218,7 @@ class Trainer:
         elapsed = time.perf_counter() - self.window_start
         row = {"step": step, "loss": float(losses) / (self.window_steps * self.ranks.world), "lr": lr, "max_length": high,
                "samples_per_s": float(samples) / max(elapsed, 1e-9), "time": time.perf_counter() - self.start_time}
-        if self.compiled:  # graphs compiled so far: a number that keeps growing means recompiling
-            row["compiled_graphs"] = compilations() - self.graphs_before
-        if self.captured is not None:  # CUDA graphs recorded so far: about one per curriculum length
-            row["cuda_graphs"] = self.captured.count()
+        row.update(self.fast.metrics())
         if hooked and self.ranks.main:
             began = time.perf_counter()
             weights = self.state.tested_weights(self.cfg.optim.ema_start)
@@ -267,13 +240,11 @@ class Trainer:
     def session(self, progress: bool = True, own_steps: bool = True):
         """Yields `after_step(lr, high)` (logs, tests, checkpoints as due) with the log, trackers and
         progress bar open; out of memory or disk becomes one line naming the checkpoint kept.
-        `own_steps` False: lengthgen.training.stacked takes the steps: nothing compiled or recorded."""
+        `own_steps` False: lengthgen.accel.stacked takes the steps: nothing compiled or recorded."""
         cfg, tr, state, ranks, folder = self.cfg, self.cfg.train, self.state, self.ranks, self.folder
         state.model.train()
-        if own_steps:  # a recorded step compiles whole; else the blocks, in place (EMA, checkpoints see no change)
-            self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
-            self.start_capture()
-            self.compiled = tr.compile and (self.captured.compiled if self.captured else compile_blocks(state.model, self.device))
+        if own_steps:
+            self.fast.start()
             self.loss_of = ranks.wrap(self.method, state.model)
         sinks = trackers.Sinks(tr.log_to if ranks.main else [], folder, to_dict(cfg), state.step)
         bar = tqdm(total=tr.steps, initial=state.step, disable=not progress or not ranks.main, dynamic_ncols=True,
@@ -343,7 +314,7 @@ def trainer_for(run: Run | Config | None, folder: Path, resume: bool, force: boo
         if restart and ranks.main:
             print(f"note: {folder} has no checkpoint (stopped before its first one); "
                   "training it from step 0 with its saved config", file=sys.stderr)
-    run = run if isinstance(run, Run) else assembled(run)
+    run = run if isinstance(run, Run) else Run.from_checked(run)
     device = ranks.device(pick_device(run.cfg.train.device))
     check_precision(device, run.cfg.train.precision)
     ranks.join(device)

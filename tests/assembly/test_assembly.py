@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lengthgen import assembly
+from lengthgen.assembly import runs
+from lengthgen.assembly.runs import GIVEN_IDS_TABLE_STD, new_run, saved_run
 from lengthgen.config.schema import to_dict
 from lengthgen.methods.registry import METHODS
 from lengthgen.tasks import TASKS
@@ -45,20 +46,20 @@ def test_an_assembled_run_builds_its_task_and_method_once(monkeypatch, preset, s
     counts = {"task": 0, "method": 0}
     counted(monkeypatch, TASKS, counts, "task")
     counted(monkeypatch, METHODS, counts, "method")
-    run = assembly.assemble(ROOT / preset, sets)
+    run = new_run(ROOT / preset, sets)
     assert counts == {"task": 1, "method": 1}
     assert run.task.name == run.cfg.task.name and run.method.name == run.cfg.method
     counts.update(task=0, method=0)
-    assembly.assemble_saved(to_dict(run.cfg))  # a saved run: checked and built once too
+    saved_run(to_dict(run.cfg))  # a saved run: checked and built once too
     assert counts == {"task": 1, "method": 1}
 
 
 def test_a_saved_run_gets_no_default_and_a_new_one_does():
-    run = assembly.assemble(ROOT / PPC[0], PPC[1])
-    assert run.cfg.model.position_options == {"std": assembly.GIVEN_IDS_TABLE_STD}
+    run = new_run(ROOT / PPC[0], PPC[1])
+    assert run.cfg.model.position_options == {"std": GIVEN_IDS_TABLE_STD}
     data = to_dict(run.cfg)
     data["model"]["position_options"] = {}
-    assert assembly.assemble_saved(data).cfg.model.position_options == {}
+    assert saved_run(data).cfg.model.position_options == {}
 
 
 def walk(argv: list[str]) -> list[tuple[str, str, bool]]:
@@ -68,7 +69,7 @@ def walk(argv: list[str]) -> list[tuple[str, str, bool]]:
 
     from lengthgen import cli
 
-    package = str(Path(assembly.__file__).parents[2])
+    package = str(Path(runs.__file__).parents[2])
     calls = []
 
     def module_of(frame) -> str | None:
@@ -95,14 +96,16 @@ def test_the_walk_from_train_to_the_first_step_assembles_once(tmp_path):
     training starts it never enters the assembly or the checks again (nothing re-validated or rebuilt)."""
     calls = walk(["train", str(ROOT / LOOPED[0]), "--out", str(tmp_path / "run"), "--set", "train.steps=1"])
     assert calls[-1][:2] == ("lengthgen.training.trainer", "backward")
-    once = [("lengthgen.config.schema", "read"), ("lengthgen.config.checks", "validate"), ("lengthgen.assembly", "checked"),
+    once = [("lengthgen.assembly.runs", "new_run"), ("lengthgen.config.schema", "read"),
+            ("lengthgen.config.checks", "validate"), ("lengthgen.assembly.checks", "checked_parts"),
             ("lengthgen.tasks", "get_task"), ("lengthgen.methods.registry", "get_method"),
             ("lengthgen.model.positions", "build_scheme"), ("lengthgen.model.position_transforms", "build_transform"),
-            ("lengthgen.assembly", "training_positions"), ("lengthgen.training.trainer", "train")]
+            ("lengthgen.assembly.runs", "training_positions"), ("lengthgen.training.trainer", "train")]
     counts = {step: sum(call[:2] == step for call in calls) for step in once}
     assert counts == dict.fromkeys(once, 1)
     start = [call[:2] for call in calls].index(("lengthgen.training.trainer", "train"))
-    back = [call for call in calls[start:] if call[2] and call[0] in ("lengthgen.assembly", "lengthgen.config.checks")]
+    back = [call for call in calls[start:]
+            if call[2] and (call[0].startswith("lengthgen.assembly.") or call[0] == "lengthgen.config.checks")]
     assert back == []
     entered = [call[0] for call in calls if call[2]]
-    assert entered.index("lengthgen.assembly") < entered.index("lengthgen.training.trainer")
+    assert entered.index("lengthgen.assembly.runs") < entered.index("lengthgen.training.trainer")

@@ -11,7 +11,7 @@ from lengthgen.config import schema as config
 
 from lengthgen.reproduction import grid
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.tasks.corpus import HUB_SOURCES, Corpus
 
@@ -25,7 +25,7 @@ def hub_corpus(preset: Path) -> bool:
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if not hub_corpus(p)], ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_preset_loads(preset):
-    cfg = assembly.load(preset)
+    cfg = new_run_config(preset)
     assert cfg.task.train_max >= cfg.task.train_min
 
 
@@ -41,7 +41,7 @@ def test_a_preset_on_a_hub_corpus_without_network_is_one_line(preset, tmp_path, 
 
     monkeypatch.setattr(Corpus, "hub_documents", unreachable)
     with pytest.raises(ConfigError) as err:
-        assembly.load(preset)
+        new_run_config(preset)
     line = str(err.value)
     assert "\n" not in line and "Couldn't reach" in line and "task.options.path" in line
 
@@ -60,18 +60,18 @@ def test_every_run_of_every_grid_loads(paper):
             configs = {}
             for arm in g.arms_of(scale, task):
                 for values in config.option_combinations(g.axes(scale, task)):
-                    cfg = assembly.load(g.preset(scale, task), grid.arm_overrides(g, scale, task, arm, values))
-                    assert cfg.task.name == assembly.load(g.preset(scale, task)).task.name
+                    cfg = new_run_config(g.preset(scale, task), grid.arm_overrides(g, scale, task, arm, values))
+                    assert cfg.task.name == new_run_config(g.preset(scale, task)).task.name
                     configs[(arm, tuple(values.items()))] = config.to_dict(cfg)
             assert len({repr(c) for c in configs.values()}) == len(configs), (scale, task)
 
 
 def test_overrides_are_typed_and_win():
-    cfg = assembly.load(None, ["model.n_layer=3", "model.position=rope", "optim.lr=0.002", "task.name=copy",
+    cfg = new_run_config(None, ["model.n_layer=3", "model.position=rope", "optim.lr=0.002", "task.name=copy",
                              "optim.betas=[0.9, 0.95]", "task.options={}"])
     assert (cfg.model.n_layer, cfg.model.position, cfg.optim.lr, cfg.task.name) == (3, "rope", 0.002, "copy")
     assert cfg.optim.betas == [0.9, 0.95]
-    assert isinstance(assembly.load(None, ["optim.lr=1"]).optim.lr, float)  # ints are accepted for floats
+    assert isinstance(new_run_config(None, ["optim.lr=1"]).optim.lr, float)  # ints are accepted for floats
 
 
 @pytest.mark.parametrize("override, names", [
@@ -120,7 +120,7 @@ def test_overrides_are_typed_and_win():
 ])
 def test_bad_values_name_the_key(override, names):
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, [override])
+        new_run_config(None, [override])
     message = str(err.value)
     assert "\n" not in message
     for name in names:
@@ -156,7 +156,7 @@ def test_bad_values_name_the_key(override, names):
         "table-under-transform", "pause-no-ids", "sweep-value", "two-embedding-dropouts", "randomized-text", "sweep-empty"])
 def test_method_scheme_transform_and_sweep_options_are_checked(overrides, names):
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, overrides)
+        new_run_config(None, overrides)
     message = str(err.value)
     assert "\n" not in message
     for name in names:
@@ -164,38 +164,38 @@ def test_method_scheme_transform_and_sweep_options_are_checked(overrides, names)
 
 
 def test_options_tables_merge_key_by_key():
-    cfg = assembly.load(None, ["task.name=unique_set", "task.options={symbols=7}", "model.position=rope",
-                              "model.position_options.theta=500000", "model.position_options.style=interleaved"])
+    cfg = new_run_config(None, ["task.name=unique_set", "task.options={symbols=7}", "model.position=rope",
+                                "model.position_options.theta=500000", "model.position_options.style=interleaved"])
     assert cfg.model.position_options == {"theta": 500000, "style": "interleaved"}
-    assert assembly.load(None, ["task.name=unique_set", "task.options.symbols=9"]).task.options == {"symbols": 9}
+    assert new_run_config(None, ["task.name=unique_set", "task.options.symbols=9"]).task.options == {"symbols": 9}
 
 
 def test_config_of_an_earlier_version_loads(tmp_path):
     """A run folder saved before model.rope_theta moved into RoPE's options still loads, to the same config."""
     old = tmp_path / "config.toml"
     old.write_text('[model]\nposition = "rope"\nrope_theta = 500000.0\n')
-    assert assembly.load(old).model.position_options == {"theta": 500000.0}
+    assert new_run_config(old).model.position_options == {"theta": 500000.0}
     old.write_text('[model]\nposition = "nope"\nrope_theta = 10000.0\n')
-    assert assembly.load(old) == assembly.load(None)
+    assert new_run_config(old) == new_run_config(None)
 
 
 def test_missing_and_invalid_preset(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        assembly.load(tmp_path / "nope.toml")
+        new_run_config(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[model\nd_model = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        assembly.load(bad)
+        new_run_config(bad)
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
-    cfg = assembly.load(None, ["model.position=rope", "task.name=unique_set", "task.options={symbols = 7}",
-                              "optim.betas=[0.8, 0.9]", "eval.lengths=1:30:2", "model.position_options.theta=5e5",
-                              "data.position_transform=pose", "data.position_transform_options={target_length=64}",
-                              "eval.sweep={symbols=[7]}", "model.norm=rmsnorm", "model.mlp=swiglu"])
+    cfg = new_run_config(None, ["model.position=rope", "task.name=unique_set", "task.options={symbols = 7}",
+                                "optim.betas=[0.8, 0.9]", "eval.lengths=1:30:2", "model.position_options.theta=5e5",
+                                "data.position_transform=pose", "data.position_transform_options={target_length=64}",
+                                "eval.sweep={symbols=[7]}", "model.norm=rmsnorm", "model.mlp=swiglu"])
     path = tmp_path / "config.toml"
     path.write_text(config.to_toml(cfg))
-    assert assembly.load(path) == cfg
+    assert new_run_config(path) == cfg
 
 
 def test_parse_lengths():

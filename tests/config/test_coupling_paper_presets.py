@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run
 from lengthgen.reproduction import grid
 
 # task: their script's values. n_train/m_train and n_test (the 2x test range), layers, heads, d_model, d_ff,
@@ -23,7 +23,7 @@ COUNT = {"multi_operand_addition": "operands", "long_multiplication": "multiplie
 
 def loaded(scale: str, task: str, arm: str):
     coupling = grid.find("coupling")
-    return assembly.assemble(coupling.preset(scale, task), grid.arm_overrides(coupling, scale, task, arm, {}))
+    return new_run(coupling.preset(scale, task), grid.arm_overrides(coupling, scale, task, arm, {}))
 
 
 @pytest.mark.parametrize("task", RELEASED)
@@ -49,5 +49,5 @@ def test_every_arm_of_every_task_assembles(scale):
     coupling = grid.find("coupling")
     for task, spec in coupling.pick(scale).data["tasks"].items():
         for arm in spec["only"]:
-            run = assembly.assemble(coupling.preset(scale, task), grid.arm_overrides(coupling, scale, task, arm, {}))
+            run = new_run(coupling.preset(scale, task), grid.arm_overrides(coupling, scale, task, arm, {}))
             assert run.cfg.task.name == task and (arm.startswith("coupled") or run.task.id_levels == 1)

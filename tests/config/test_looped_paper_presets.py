@@ -15,9 +15,9 @@ import pytest
 
 from lengthgen.config import schema as config
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
-from preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
+from tests.helpers.preset_tables import doc_section, doc_tables, drift, expected as documented, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "looped.md"
@@ -51,7 +51,7 @@ def expected(task: str) -> dict:
 
 
 def load(task: str):
-    return assembly.load(PAPER / f"{task}.toml")
+    return new_run_config(PAPER / f"{task}.toml")
 
 
 def test_the_docs_have_a_table_for_every_paper_preset_and_a_list_of_the_rest():

@@ -16,9 +16,9 @@ from lengthgen.config import schema as config
 
 from lengthgen.reproduction import grid
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schedules import learning_rate
-from preset_tables import doc_section, doc_tables, drift, expected, undocumented
+from tests.helpers.preset_tables import doc_section, doc_tables, drift, expected, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "sparsity.md"
@@ -76,7 +76,7 @@ def test_the_preset_and_arm_hold_every_documented_value_and_document_every_key(t
 
 @pytest.mark.parametrize("task", TASKS)
 def test_the_released_values(task):
-    cfg = assembly.load(path(task), arm(task))
+    cfg = new_run_config(path(task), arm(task))
     longest, layers, heads, width, samples, max_position = RELEASED[task]
     assert (cfg.task.train_max, cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model) == (longest, layers, heads, width)
     assert cfg.data.dataset_size == samples and cfg.model.mlp_ratio * cfg.model.d_model == 2048
@@ -97,7 +97,7 @@ def custom_cosine(step: int, steps: int = 50_000, warmup_ratio: float = 0.01, mi
 @pytest.mark.parametrize("task", TASKS)
 def test_the_schedule_is_theirs(task):
     """Equal from the end of the warm-up on; within one step's rise during it (theirs starts at 0)."""
-    cfg = assembly.load(path(task), arm(task))
+    cfg = new_run_config(path(task), arm(task))
     for step in range(0, cfg.train.steps, 7):
         ours, theirs = learning_rate(cfg, step), cfg.optim.lr * custom_cosine(step)
         if step >= cfg.optim.warmup_steps:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.methods.registry import get_method
 from lengthgen.tasks import PAD, task_of
-from preset_tables import doc_section, doc_tables, drift, expected, undocumented
+from tests.helpers.preset_tables import doc_section, doc_tables, drift, expected, undocumented
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tra.md"
@@ -56,7 +56,7 @@ def test_the_preset_holds_every_documented_value_and_documents_every_key(preset)
 def test_the_mini_block_is_the_notebooks(preset):
     """From the notebook: per layer, biases on the output projection (256), the SwiGLU's linear and
     gate units (2 x 512) and output (256), and TRA's gate (4 heads): 4 x 1,540 = 6,160."""
-    cfg = assembly.load(ROOT / preset, ["model.position=tra"])
+    cfg = new_run_config(ROOT / preset, ["model.position=tra"])
     torch.manual_seed(0)
     model = get_method(cfg.method).build_model(cfg, task_of(cfg.task))
     biases = {name: p.numel() for name, p in model.named_parameters() if name.endswith("bias")}

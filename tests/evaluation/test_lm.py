@@ -10,17 +10,18 @@ import pytest
 import torch
 
 from lengthgen.cli import main
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.evaluation.evaluate import evaluate_run
 from lengthgen.evaluation.language_model import perplexity_at, split_windows
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.results.rows import read_position_loss, read_rows
-from lengthgen.methods.registry import Method
+from lengthgen.methods.base import Method
 from lengthgen.reporting.report import write_report
 from lengthgen.tasks import EOS, IGNORE, get_task
 from lengthgen.tasks.corpus import Corpus, CorpusError, split_of, wikitext_articles
 from lengthgen.training.trainer import train
 
-from documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
+from tests.helpers.documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
 
 
 def test_splits_are_disjoint_deterministic_and_stable(docs, tmp_path):
@@ -126,15 +127,15 @@ def test_missing_python_docs_name_the_package(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_a_tiny_language_model_learns_and_is_evaluated_and_reported(docs, tmp_path):
     folder, texts = docs
-    cfg = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(folder))
+    cfg = new_run_config("experiments/lm/cpu/text.toml", lm_overrides(folder))
     runs = tmp_path / "runs"
     for position in ("rope", "tra"):
         for seed in (0, 1):
-            run = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(
+            run = new_run_config("experiments/lm/cpu/text.toml", lm_overrides(
                 folder, f"model.position={position}", f"train.model_seed={seed}", f"data.seed={seed}"))
             train(run, runs / f"{position}-s{seed}", progress=False)
             (runs / f"{position}-s{seed}" / "series.json").write_text(f'{{"arm": "{position}"}}')
-            evaluate_run(runs / f"{position}-s{seed}", [16, 64], 600, progress=False)
+            evaluate_run(runs / f"{position}-s{seed}", EvalSettings(lengths=[16, 64], samples=600, progress=False))
     rows = read_rows(runs / "rope-s0" / "eval.csv")
     assert [r["length"] for r in rows] == [16, 64] and all(r["n"] == 600 for r in rows)
     # a model of 150 steps must beat the unigram model of the training text by a margin
@@ -174,7 +175,7 @@ def test_bpe_tokenizer_is_trained_on_the_training_split_and_saved_in_the_run(doc
     assert task.corpus.decode(bpe.encode(text).ids) == text
     assert task.corpus.tokens("train").max() < 600
     assert len(task.corpus.tokens("train")) < 0.6 * sum(len(t) for n, t in texts.items() if split_of(n) == "train")
-    cfg = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(folder, "task.options.tokenizer=bpe",
+    cfg = new_run_config("experiments/lm/cpu/text.toml", lm_overrides(folder, "task.options.tokenizer=bpe",
                                                                       "task.options.vocab_size=600", "train.steps=2"))
     train(cfg, tmp_path / "run", progress=False)
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (task.corpus.ensure() / "tokenizer.json").read_bytes()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.cli import main
 from lengthgen.evaluation import position_scaling
 from lengthgen.evaluation.evaluate import evaluate_run, load_assembled
 from lengthgen.evaluation.position_scaling import sequence_width
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.model.rotary import stretched_rope
 from lengthgen.reporting import curves as curves_module
 from lengthgen.reporting.report import write_report
@@ -18,8 +19,8 @@ from lengthgen.reporting.series import aggregate, series_labels
 from lengthgen.results.rows import read_position_loss, read_rows
 from lengthgen.training.trainer import train
 
-from documents import docs, lm_overrides  # noqa: F401  (docs is a fixture)
-from tiny_runs import one_line_error
+from tests.helpers.documents import docs, lm_overrides  # noqa: F401  (docs is a fixture)
+from tests.helpers.tiny_runs import one_line_error
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.steps=20", "train.device=cpu", "train.log_interval=10"]
@@ -30,7 +31,7 @@ METRICS = ("accuracy", "token_accuracy", "baseline", "n")
 @pytest.fixture(scope="module")
 def rope_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("rope") / "run"
-    train(assembly.load(None, TINY + ["model.position=rope"]), folder, progress=False)
+    train(new_run_config(None, TINY + ["model.position=rope"]), folder, progress=False)
     return folder
 
 
@@ -48,9 +49,9 @@ def factors(monkeypatch):
 
 
 def test_a_sweep_gives_rows_per_scaling_and_none_is_the_plain_evaluation(rope_run, tmp_path, factors):
-    plain = evaluate_run(rope_run, [2, 8], samples=32, progress=False, out=tmp_path / "plain")
-    evaluate_run(rope_run, [2, 8], samples=32, progress=False, out=tmp_path / "swept",
-                 sweep={"position.scaling": SCALINGS})
+    plain = evaluate_run(rope_run, EvalSettings(lengths=[2, 8], samples=32, progress=False, out=tmp_path / "plain"))
+    evaluate_run(rope_run, EvalSettings(lengths=[2, 8], samples=32, progress=False, out=tmp_path / "swept",
+                                        sweep={"position.scaling": SCALINGS}))
     rows = read_rows(tmp_path / "swept" / "eval.csv")
     assert sorted((r["position.scaling"], r["length"]) for r in rows) == sorted((s, n) for s in SCALINGS for n in (2, 8))
     assert {r["position.factor"] for r in rows} == {"dynamic"}
@@ -76,8 +77,8 @@ def test_a_given_factor_applies_at_every_length_and_names_its_rows(rope_run, tmp
 
 
 def test_the_report_draws_each_scaling_as_its_own_series(rope_run, tmp_path):
-    evaluate_run(rope_run, [2, 8], samples=8, progress=False, out=tmp_path / "out",
-                 sweep={"position.scaling": SCALINGS})
+    evaluate_run(rope_run, EvalSettings(lengths=[2, 8], samples=8, progress=False, out=tmp_path / "out",
+                                        sweep={"position.scaling": SCALINGS}))
     agg = aggregate([{**r, "source": str(tmp_path / "out")} for r in read_rows(tmp_path / "out" / "eval.csv")])
     labels = set(series_labels(agg).values())
     assert labels == {f"ntp (scaling={s})" for s in SCALINGS}
@@ -95,7 +96,7 @@ def test_a_bad_position_sweep_is_one_line(rope_run, capsys, sweep, needle):
 
 def test_a_run_without_rope_refuses_every_stretch_but_none(tmp_path, capsys):
     folder = tmp_path / "alibi"
-    train(assembly.load(None, TINY + ["model.position=alibi", "train.steps=2"]), folder, progress=False)
+    train(new_run_config(None, TINY + ["model.position=alibi", "train.steps=2"]), folder, progress=False)
     assert main(["eval", str(folder), "--lengths", "2", "--samples", "8", "--sweep", "position.scaling=[none,pi]",
                  "--no-progress"]) == 2
     assert "model.position alibi" in one_line_error(capsys)
@@ -104,19 +105,20 @@ def test_a_run_without_rope_refuses_every_stretch_but_none(tmp_path, capsys):
 
 
 def test_eval_sweep_in_a_config_takes_the_position_keys():
-    cfg = assembly.load(None, TINY + ["model.position=rope", 'eval.sweep={"position.scaling"=["none","yarn"]}'])
+    cfg = new_run_config(None, TINY + ["model.position=rope", 'eval.sweep={"position.scaling"=["none","yarn"]}'])
     assert cfg.eval.sweep == {"position.scaling": ["none", "yarn"]}
     with pytest.raises(Exception, match="model.position nope"):
-        assembly.load(None, TINY + ['eval.sweep={"position.scaling"=["ntk"]}'])
+        new_run_config(None, TINY + ['eval.sweep={"position.scaling"=["ntk"]}'])
 
 
 @pytest.mark.slow
 def test_perplexity_by_window_is_stretched_per_window(docs, tmp_path, factors, monkeypatch):  # noqa: F811
     folder, _ = docs
     run = tmp_path / "lm"
-    train(assembly.load("experiments/lm/cpu/text.toml", lm_overrides(folder, "model.position=rope", "train.steps=10")),
+    train(new_run_config("experiments/lm/cpu/text.toml", lm_overrides(folder, "model.position=rope", "train.steps=10")),
           run, progress=False)
-    evaluate_run(run, [16, 64], samples=256, progress=False, sweep={"position.scaling": ["none", "yarn"]})
+    evaluate_run(run, EvalSettings(lengths=[16, 64], samples=256, progress=False,
+                                   sweep={"position.scaling": ["none", "yarn"]}))
     rows = read_rows(run / "eval.csv")
     by = {(r["position.scaling"], r["length"]): r["perplexity"] for r in rows}
     assert set(by) == {(s, n) for s in ("none", "yarn") for n in (16, 64)}

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from lengthgen.cli import main
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.results.rows import read_per_step, read_rows, relabel
 from lengthgen.reporting.figures import plot, plot_heatmap, plot_vs_option, split_panels
 from lengthgen.reporting.report import markdown
@@ -44,8 +45,8 @@ def copy_errors(monkeypatch):
                          ids=["one-pass", "looped-trace"])
 def test_a_tasks_own_metric_reaches_its_rows_and_the_report(tmp_path, copy_errors, method, stops):
     folder = tmp_path / "run"
-    train(assembly.load(None, TINY + ["task.name=copy_errors", f"method={method}"]), folder, progress=False)
-    rows = evaluate_run(folder, [2, 5], samples=24, stops=stops, progress=False)
+    train(new_run_config(None, TINY + ["task.name=copy_errors", f"method={method}"]), folder, progress=False)
+    rows = evaluate_run(folder, EvalSettings(lengths=[2, 5], samples=24, stops=stops, progress=False))
     written = read_rows(folder / "eval.csv")
     order = lambda r: (r["stop"], r["length"])  # noqa: E731
     assert [r["errors"] for r in sorted(written, key=order)] == pytest.approx([r["errors"] for r in sorted(rows, key=order)])
@@ -58,7 +59,7 @@ def test_a_tasks_own_metric_reaches_its_rows_and_the_report(tmp_path, copy_error
 
 def test_a_swept_task_option_gives_rows_per_value(tmp_path, capsys):
     folder = tmp_path / "run"
-    train(assembly.load(None, TINY + ["task.name=multiplication", "task.options={max_a_bits=1}"]), folder,
+    train(new_run_config(None, TINY + ["task.name=multiplication", "task.options={max_a_bits=1}"]), folder,
           progress=False)
     assert main(["eval", str(folder), "--lengths", "2,3", "--samples", "16", "--sweep", "max_a_bits=[1, 3]",
                  "--no-progress"]) == 0
@@ -75,13 +76,13 @@ def test_a_swept_task_option_gives_rows_per_value(tmp_path, capsys):
 
 def test_a_swept_option_that_changes_the_vocabulary_is_a_config_error():
     with pytest.raises(Exception, match="changes the task's vocabulary"):
-        assembly.load(None, ["task.name=unique_set", "task.options={symbols=4}", "eval.sweep={symbols=[4, 6]}"])
+        new_run_config(None, ["task.name=unique_set", "task.options={symbols=4}", "eval.sweep={symbols=[4, 6]}"])
 
 
 def test_relabel_gives_old_rows_the_runs_current_labels(tmp_path):
     folder = tmp_path / "run"
-    train(assembly.load(None, TINY + ["method=looped"]), folder, progress=False)
-    evaluate_run(folder, [2, 3], samples=8, per_step=True, progress=False)
+    train(new_run_config(None, TINY + ["method=looped"]), folder, progress=False)
+    evaluate_run(folder, EvalSettings(lengths=[2, 3], samples=8, per_step=True, progress=False))
     assert {r["arm"] for r in read_rows(folder / "eval.csv")} == {""}
     (folder / "series.json").write_text(json.dumps({"arm": "looped", "model.n_layer": 1}))
     relabel(folder)
@@ -159,8 +160,8 @@ def test_an_unknown_position_option_exits_2_naming_the_key(tmp_path):
 def test_the_heatmap_grid_of_a_report_comes_from_its_rows(tmp_path, capsys):
     """`lengthgen report --heatmap COLUMN` draws the figure from eval.csv rows of a sweep."""
     folder = tmp_path / "run"
-    train(assembly.load(None, TINY + ["task.name=multiplication"]), folder, progress=False)
-    evaluate_run(folder, [2, 3], samples=8, sweep={"max_a_bits": [1, 2]}, progress=False)
+    train(new_run_config(None, TINY + ["task.name=multiplication"]), folder, progress=False)
+    evaluate_run(folder, EvalSettings(lengths=[2, 3], samples=8, sweep={"max_a_bits": [1, 2]}, progress=False))
     assert main(["report", str(folder), "--heatmap", "max_a_bits"]) == 0
     assert (folder / "accuracy_by_length_and_max_a_bits.png").is_file()
     assert "--heatmap max_a_bits" in (folder / "report.md").read_text()
@@ -172,10 +173,10 @@ def test_pivot_table_and_attention_figure_of_a_tra_run(tmp_path):
     from lengthgen.reporting.report import write_report
 
     folder = tmp_path / "runs" / "flipflop-tra-s0"
-    train(assembly.load(None, TINY + ["task.name=flipflop", "task.train_min=2", "task.train_max=6",
-                                     "eval.lengths=6", "model.position=tra"]), folder, progress=False)
+    train(new_run_config(None, TINY + ["task.name=flipflop", "task.train_min=2", "task.train_max=6",
+                                       "eval.lengths=6", "model.position=tra"]), folder, progress=False)
     (folder / "series.json").write_text(json.dumps({"arm": "tra"}))
-    evaluate_run(folder, [6, 12], samples=16, sweep={"p_ignore": [0.8, 0.1]}, progress=False)
+    evaluate_run(folder, EvalSettings(lengths=[6, 12], samples=16, sweep={"p_ignore": [0.8, 0.1]}, progress=False))
     layout = {"figures": [{"kind": "attention", "task": "flipflop", "arm": "tra", "options": {"p_ignore": 0.1}}],
               "tables": [{"by": "p_ignore", "metrics": ["sequence_accuracy", "glitch_rate"],
                           "names": {"0.8": "IID", "0.1": "dense"}}]}

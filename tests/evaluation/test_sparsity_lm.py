@@ -11,18 +11,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.dependence import Dependence, attention_ranks, bisect_k, leave_one_out_ranks, measure
-from lengthgen.evaluation.language_model import ablated_losses, context_losses, documents, scored_tokens, token_losses
-from lengthgen.methods.registry import Method, NextTokenPrediction
+from lengthgen.evaluation.language_model import (Scorer, ablated_losses, context_losses, documents, scored_tokens,
+                                                 token_losses)
+from lengthgen.methods.base import Method
+from lengthgen.methods.next_token import NextTokenPrediction
 from lengthgen.model.attention import recording
 from lengthgen.model.positions import SCHEMES, PositionalScheme
 from lengthgen.model.transformer import Transformer
 from lengthgen.tasks import EOS, get_task
 
-from documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
+from tests.helpers.documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
 
 NTP = NextTokenPrediction()
 
@@ -82,8 +84,8 @@ def test_the_sliding_evaluation_scores_each_token_once_per_context_with_exactly_
     recorder = Recorder()
     for c in contexts:
         recorder.seen.clear()
-        context_losses(recorder, None, stream, scored_tokens(stream, longest, stride)["index"], c, 37,
-                       torch.device("cpu"))
+        context_losses(Scorer(recorder, None, 37, torch.device("cpu")), stream,
+                       scored_tokens(stream, longest, stride)["index"], c)
         assert len(recorder.seen) == len(expected)  # each token once per context
         for (d, p), (tokens, ids, target) in zip(expected, recorder.seen):
             assert tokens == docs[d][p - c:p] and target == docs[d][p]  # exactly the c tokens before it
@@ -96,7 +98,7 @@ def test_token_losses_equal_one_forward_pass_per_token(docs):
     folder, _ = docs
     task = get_task("text", source="files", path=str(folder))
     model = tiny_model("rope")
-    out = token_losses(task, NTP, model, [8, 24], stride=97, limit=25, batch_tokens=100, device=torch.device("cpu"))
+    out = token_losses(task, Scorer(NTP, model, 100, torch.device("cpu")), [8, 24], stride=97, limit=25)
     stream = task.corpus.tokens("test")
     starts, _ = documents(stream)
     assert len(out["document"]) == 25 and len(set(out["document"].tolist())) > 1  # the limit spreads over documents
@@ -118,11 +120,12 @@ def test_ablation_keeping_every_far_token_is_the_full_context_and_none_the_near_
     cpu = torch.device("cpu")
     every = [np.arange(near + 1, full + 1)] * len(index)
     none = [np.zeros(0, np.int64)] * len(index)
-    np.testing.assert_allclose(ablated_losses(NTP, model, stream, index, every, near, full, 64, cpu),
-                               context_losses(NTP, model, stream, index, full, 64, cpu), atol=2e-5)
+    scorer = Scorer(NTP, model, 64, cpu)
+    np.testing.assert_allclose(ablated_losses(scorer, stream, index, every, near, full),
+                               context_losses(scorer, stream, index, full), atol=2e-5)
     # none kept: the near window at IDs full - near .. full - 1, the same distances as 0 .. near - 1
-    np.testing.assert_allclose(ablated_losses(NTP, model, stream, index, none, near, full, 64, cpu),
-                               context_losses(NTP, model, stream, index, near, 64, cpu), atol=2e-5)
+    np.testing.assert_allclose(ablated_losses(scorer, stream, index, none, near, full),
+                               context_losses(scorer, stream, index, near), atol=2e-5)
 
 
 def test_kept_tokens_keep_their_original_position_ids_and_the_loss_is_a_forward_pass_over_them():
@@ -131,10 +134,10 @@ def test_kept_tokens_keep_their_original_position_ids_and_the_loss_is_a_forward_
     index = np.array([50, 71, 89])
     far = [np.array([7, 40, 13]), np.array([39]), np.array([], np.int64)]
     recorder = Recorder()
-    ablated_losses(recorder, None, stream, index, far, near, full, 1000, torch.device("cpu"))
+    ablated_losses(Scorer(recorder, None, 1000, torch.device("cpu")), stream, index, far, near, full)
     got = {target: (tokens, ids) for tokens, ids, target in recorder.seen}
     model = tiny_model("rope", seed=4)
-    losses = ablated_losses(NTP, model, stream, index, far, near, full, 1000, torch.device("cpu"))
+    losses = ablated_losses(Scorer(NTP, model, 1000, torch.device("cpu")), stream, index, far, near, full)
     for t, d, loss in zip(index, far, losses):
         kept = sorted([t - x for x in d] + list(range(t - near, t)))  # stream positions, in order
         tokens, ids = got[int(stream[t])]
@@ -295,9 +298,9 @@ def test_bisection_finds_the_planted_k_as_brute_force_does(offsets, sharp, rank)
     scored = scored_tokens(stream, full, stride=3)
     losses = {"document": scored["document"], "position": scored["position"], "token": stream[scored["index"]]}
     for c in (near, full):
-        losses[f"loss_{c}"] = context_losses(method, model, stream, scored["index"], c, 500, cpu)
-    rows, cost = measure(method, model, stream, losses, [near, full], {"tau": 0.5, "rank": rank, "epsilon": epsilon},
-                         500, cpu)
+        losses[f"loss_{c}"] = context_losses(Scorer(method, model, 500, cpu), stream, scored["index"], c)
+    rows, cost = measure(Scorer(method, model, 500, cpu), stream, losses, [near, full],
+                         {"tau": 0.5, "rank": rank, "epsilon": epsilon})
     assert len(rows) == len(scored["index"]) and cost["tokens"] == len(rows)  # every token depends on far ones
     F_far = full - near
     assert cost["bisection_passes"] <= len(rows) * math.ceil(math.log2(F_far))  # bisection, not a scan
@@ -308,9 +311,10 @@ def test_bisection_finds_the_planted_k_as_brute_force_does(offsets, sharp, rank)
         # the ranking the search used: the planted far tokens first (recorded with the row: its top k)
         index = np.array([t])
         if rank == "attention":
-            ranked = attention_ranks(method, model, stream, index, near, full, 500, cpu)[0][0]
+            ranked = attention_ranks(Scorer(method, model, 500, cpu), stream, index, near, full)[0][0]
         else:
-            ranked = leave_one_out_ranks(method, model, stream, index, near, full, np.array([full_loss]), 500, cpu)[0][0]
+            ranked = leave_one_out_ranks(Scorer(method, model, 500, cpu), stream, index, near, full,
+                                         np.array([full_loss]))[0][0]
         k, recovery = brute_force_k(method, model, stream, t, ranked, near, full, near_loss, full_loss, epsilon)
         assert all(b >= a - 1e-9 for a, b in zip(recovery, recovery[1:]))  # monotone on the planted toy
         assert recovery[0] == pytest.approx(0, abs=1e-6) and recovery[-1] == pytest.approx(1, abs=1e-6)
@@ -327,14 +331,15 @@ def test_bisection_on_a_real_model_is_minimal_where_it_stops():
     model = tiny_model("rope", seed=8)
     near, full, cpu = 4, 24, torch.device("cpu")
     index = scored_tokens(stream, full, stride=5)["index"]
-    near_loss = context_losses(NTP, model, stream, index, near, 500, cpu)
-    full_loss = context_losses(NTP, model, stream, index, full, 500, cpu)
+    scorer = Scorer(NTP, model, 500, cpu)
+    near_loss = context_losses(scorer, stream, index, near)
+    full_loss = context_losses(scorer, stream, index, full)
     keep = near_loss - full_loss > 0.01
     index, near_loss, full_loss = index[keep], near_loss[keep], full_loss[keep]
-    ranks, _ = attention_ranks(NTP, model, stream, index, near, full, 500, cpu)
+    ranks, _ = attention_ranks(scorer, stream, index, near, full)
 
     def loss_of(rows, m):
-        return ablated_losses(NTP, model, stream, index[rows], [ranks[r, :c] for r, c in zip(rows, m)], near, full, 500, cpu)
+        return ablated_losses(scorer, stream, index[rows], [ranks[r, :c] for r, c in zip(rows, m)], near, full)
 
     k, at_k, _ = bisect_k(loss_of, ranks, near_loss, full_loss, 0.2)
     rows = np.arange(len(index))
@@ -360,8 +365,8 @@ def test_bad_token_evaluation_settings_are_one_line_errors_naming_the_key(docs):
         (["eval.token_contexts=[8, 600]", "model.position=learned", "model.max_positions=512"], "past model.max_positions"),
     ]:
         with pytest.raises(ConfigError) as err:
-            assembly.load("experiments/lm/cpu/text.toml", base + extra)
+            new_run_config("experiments/lm/cpu/text.toml", base + extra)
         assert message in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="not a language-model task"):
-        assembly.load("experiments/core/parity-ntp.toml", ["eval.token_contexts=[4]"])
+        new_run_config("experiments/core/parity-ntp.toml", ["eval.token_contexts=[4]"])
     assert Dependence().rank == "attention"

@@ -8,10 +8,11 @@ import json
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.during_training import training_tests
 from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.reporting.curves import metrics_of, read_tests
 from lengthgen.runtime.checkpoint import latest
 from lengthgen.training.trainer import train
@@ -22,7 +23,7 @@ TINY = ["task.name=parity", "task.train_max=4", "model.d_model=16", "model.n_lay
 
 
 def run(folder, *extra: str, method: str = "looped"):
-    cfg = assembly.load(None, [f"method={method}", *TINY, *extra])
+    cfg = new_run_config(None, [f"method={method}", *TINY, *extra])
     train(cfg, folder, progress=False, hooks=training_tests)
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
@@ -50,7 +51,8 @@ def test_tests_are_written_at_every_interval_with_the_current_maximum(tested):
 def test_the_last_test_is_what_the_evaluator_measures(tested):
     folder, rows = tested
     last = rows[-1]
-    got = evaluate_run(folder, [4, 6, 8], samples=256, stops=["oracle", "confidence:+4"], progress=False)
+    got = evaluate_run(folder, EvalSettings(lengths=[4, 6, 8], samples=256, stops=["oracle", "confidence:+4"],
+                                            progress=False))
     by = {(r["length"], r["stop"]): r["accuracy"] for r in got}
     for n, name in [(4, "max"), (6, "6"), (8, "8")]:
         assert by[(n, "oracle")] == pytest.approx(last[f"test@{name}"], abs=1e-9)
@@ -92,11 +94,11 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
     """Multiplication tested with the short factor fixed at 2 bits, as the released tests: the
     last test equals the evaluator on that task option, not on the training one."""
     folder = tmp_path / "mult"
-    cfg = assembly.load(None, ["method=looped", *TINY, "task.name=multiplication", "tests.interval=60",
-                              "tests.lengths=5", "tests.samples=256", "tests.options={min_a_bits = 2}"])
+    cfg = new_run_config(None, ["method=looped", *TINY, "task.name=multiplication", "tests.interval=60",
+                                "tests.lengths=5", "tests.samples=256", "tests.options={min_a_bits = 2}"])
     train(cfg, folder, progress=False, hooks=training_tests)
     last = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][-1]
-    got = evaluate_run(folder, [5], samples=256, sweep={"min_a_bits": [1, 2]}, progress=False)
+    got = evaluate_run(folder, EvalSettings(lengths=[5], samples=256, sweep={"min_a_bits": [1, 2]}, progress=False))
     by = {r["min_a_bits"]: r["accuracy"] for r in got}  # option values as CSV cells
     assert by["2"] == pytest.approx(last["test@5"], abs=1e-9), (by, last["test@5"])
     assert abs(by["1"] - by["2"]) > 0.02, by  # the option changes what is measured: the check can fail
@@ -115,7 +117,7 @@ def test_test_options_set_the_tested_samples_task(tmp_path):
 ])
 def test_bad_test_settings_are_refused_in_one_line(extra, needle):
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, ["method=looped", *TINY, *extra])
+        new_run_config(None, ["method=looped", *TINY, *extra])
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
@@ -124,7 +126,7 @@ def test_the_training_curves_figure_adds_a_row_of_tests(tested, tmp_path):
 
     from lengthgen.cli import main
     folder, _ = tested
-    evaluate_run(folder, [4, 6], samples=64, progress=False)
+    evaluate_run(folder, EvalSettings(lengths=[4, 6], samples=64, progress=False))
     assert main(["report", str(folder), "--out", str(tmp_path / "report"), "--curves"]) in (0, None)
     height, width = imread(tmp_path / "report" / "training_curves.png").shape[:2]
     assert height > width  # one task: a loss panel above a panel of tests (alone the loss panel is wider than tall)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lengthgen.assembly import assemble
+from lengthgen.assembly.runs import new_run
 from lengthgen.evaluation.evaluate import load_assembled
 from lengthgen.export.export import export_run
 from lengthgen.training.trainer import train
@@ -24,7 +24,7 @@ PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", 
 def trained(root: Path, name: str, *overrides: str) -> Path:
     """A finished tiny run in root/name (copy, 3 steps, unless `overrides` say otherwise)."""
     folder = root / name
-    train(assemble(None, BASE + list(overrides)), folder, progress=False)
+    train(new_run(None, BASE + list(overrides)), folder, progress=False)
     return folder
 
 

@@ -9,7 +9,7 @@ import torch
 
 from exports import LOOPED, PPC, pair, sample_batch
 from lengthgen.methods.looped.stop_passes import confidence, confidence_per_sample, first_confident, fixed
-from lengthgen.methods.registry import predicted_id
+from lengthgen.methods.ppc import predicted_id
 from lengthgen.model.generate import greedy
 from lengthgen.model.positions import SCHEMES
 

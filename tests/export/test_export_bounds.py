@@ -15,8 +15,8 @@ from lengthgen.cli import main
 from lengthgen.evaluation.bounds import LOOP_FACTOR, LOOP_SLACK, check_count, loop_cap, rule_counts
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import load_assembled
-from lengthgen.methods.registry import steps_at
-from tiny_runs import one_line_error
+from lengthgen.methods.base import steps_at
+from tests.helpers.tiny_runs import one_line_error
 
 
 @pytest.fixture(scope="module")

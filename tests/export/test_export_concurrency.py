@@ -24,8 +24,8 @@ from lengthgen.evaluation import evaluate
 from lengthgen.export import export
 from lengthgen.reporting import report
 from lengthgen.reproduction import runner
-from tiny_runs import error_lines
-from toy_papers import positions_grid, toy_paper, toy_preset
+from tests.helpers.tiny_runs import error_lines
+from tests.helpers.toy_papers import positions_grid, toy_paper, toy_preset
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import pytest
 from exports import LOOPED, trained
 from lengthgen.cli import main
 from lengthgen.export import export
-from limited_calls import calls, permission_bits_bind
-from tiny_runs import error_lines, one_line_error
-from toy_papers import positions_grid, toy_paper, toy_preset
+from tests.helpers.limited_calls import calls, permission_bits_bind
+from tests.helpers.tiny_runs import error_lines, one_line_error, tree
+from tests.helpers.toy_papers import positions_grid, toy_paper, toy_preset
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +25,6 @@ def run(tmp_path_factory, one_thread):
     folder = trained(root, "run", *LOOPED)
     assert main(["eval", str(folder), "--no-progress"]) == 0
     return folder
-
-
-def tree(folder):
-    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
 
 
 def hidden(folder):

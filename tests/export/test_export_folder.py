@@ -13,7 +13,7 @@ from exports import LOOPED, exported, trained
 from lengthgen.cli import main
 from lengthgen.results.rows import read_rows
 from lengthgen.runtime import checkpoint
-from tiny_runs import one_line_error
+from tests.helpers.tiny_runs import one_line_error
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,16 @@ import sys
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import UserError
 from lengthgen.evaluation.evaluate import evaluate_run, load_assembled
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.export.export import export_run
 from lengthgen.tasks import EOS
 from lengthgen.tasks.corpus import split_of
 from lengthgen.training.trainer import train
 
-from documents import lm_overrides, write_documents
+from tests.helpers.documents import lm_overrides, write_documents
 from exports import trained
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm_eval is the `harness` extra: pip install 'lengthgen[harness]'")
@@ -61,7 +62,7 @@ def text_run(tmp_path_factory):
         write_documents(folder)
         (folder / first_test_name("0-empty-")).write_text("")
         (folder / first_test_name("1-text-")).write_text(TEXT)
-        cfg = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(
+        cfg = new_run_config("experiments/lm/cpu/text.toml", lm_overrides(
             folder, f"task.train_max={WINDOW}", "train.steps=30", "train.checkpoint_interval=30", "train.device=cpu",
             f"eval.lengths={WINDOW}"))
         train(cfg, root / "run", progress=False)
@@ -74,7 +75,8 @@ def text_run(tmp_path_factory):
 
 
 def lengthgen_perplexity(run) -> float:
-    rows = evaluate_run(run, [WINDOW], samples=len(TEXT.encode()), progress=False, out=run.parent / "eval-out")
+    rows = evaluate_run(run, EvalSettings(lengths=[WINDOW], samples=len(TEXT.encode()), progress=False,
+                                          out=run.parent / "eval-out"))
     assert rows[0]["n"] == len(TEXT.encode())
     return rows[0]["perplexity"]
 

@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from documents import lm_overrides, write_documents
+from tests.helpers.documents import lm_overrides, write_documents
 from exports import LOOPED, hf_model, trained
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.cli import main
 from lengthgen.errors import ResourceError, UserError
 from lengthgen.export.export import export_run
 from lengthgen.training.trainer import train
-from limited_calls import calls, permission_bits_bind
-from tiny_runs import error_lines
+from tests.helpers.limited_calls import calls, permission_bits_bind
+from tests.helpers.tiny_runs import error_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.sweep]  # trains a handful of tiny runs and five small grids
 SECONDS = 90  # a case past this hangs: every one of them is a tiny model on a few samples
@@ -95,7 +95,7 @@ def lab(tmp_path_factory, one_thread):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LENGTHGEN_DATA", str(root / "cache"))
         write_documents(root / "docs", count=12, words=60)
-        cfg = assembly.load("experiments/lm/cpu/text.toml", lm_overrides(
+        cfg = new_run_config("experiments/lm/cpu/text.toml", lm_overrides(
             root / "docs", "train.steps=4", "train.checkpoint_interval=4", "train.device=cpu", "eval.lengths=16"))
         train(cfg, root / "text", progress=False)
         yield root

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from lengthgen.assembly import assemble
+from lengthgen.assembly.runs import new_run
 from lengthgen.tasks import BLANK, IGNORE, Batch
 
 
 def encoder_run(task: str = "reverse_string", causal: bool = False):
-    run = assemble(None, ["method=encoder", f"task.name={task}", f"model.causal={str(causal).lower()}", "model.d_model=16",
-                          "model.n_head=2", "model.n_layer=2", "model.position=rope"])
+    run = new_run(None, ["method=encoder", f"task.name={task}", f"model.causal={str(causal).lower()}", "model.d_model=16",
+                         "model.n_head=2", "model.n_layer=2", "model.position=rope"])
     torch.manual_seed(0)
     return run, run.method.build_model(run.cfg, run.task).eval()
 

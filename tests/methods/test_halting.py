@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from lengthgen.methods.looped import halting
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 
 from lengthgen.methods.looped import stop_passes
 
@@ -25,8 +25,8 @@ from test_stop_rules import Scripted, scripted_case
 def build(method, weight=1.0, seed=0):
     torch.manual_seed(seed)
     weighted = [f"method_options.halt_loss_weight={weight}"] if weight != 1.0 else []  # 1.0: the default, any method
-    cfg = assembly.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
-                              f"method={method}", *weighted])
+    cfg = new_run_config(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "task.name=copy",
+                                f"method={method}", *weighted])
     return get_method(method, cfg), get_method(method, cfg).build_model(cfg, get_task("copy"))
 
 
@@ -197,12 +197,13 @@ def test_halt_needs_a_halting_head(tmp_path):
 
 def test_halt_rule_on_a_plain_looped_run_is_a_one_line_error(tmp_path):
     from lengthgen.evaluation.evaluate import evaluate_run
+    from lengthgen.evaluation.settings import EvalSettings
     from lengthgen.training.trainer import train
-    cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_max=3", "model.n_layer=1",
-                              "model.d_model=16", "model.n_head=2", "train.steps=2", "train.device=cpu"])
+    cfg = new_run_config(None, ["method=looped", "task.name=parity", "task.train_max=3", "model.n_layer=1",
+                                "model.d_model=16", "model.n_head=2", "train.steps=2", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     with pytest.raises(UserError, match="halting head"):
-        evaluate_run(tmp_path / "run", [2], 8, stops=["oracle", "halt"], progress=False)
+        evaluate_run(tmp_path / "run", EvalSettings(lengths=[2], samples=8, stops=["oracle", "halt"], progress=False))
 
 
 def test_pooled_states_are_the_answer_and_question_means():
@@ -280,10 +281,10 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
     from lengthgen.training.trainer import train
     weights = {}
     for name in ("looped", "looped-halt-probe"):
-        cfg = assembly.load(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
-                                  "model.d_model=32", "model.n_head=2", "train.steps=12", "optim.grad_clip=0.05",
-                                  "data.curriculum_start=2", "data.curriculum_interval=3", "train.device=cpu",
-                                  "data.length_sampling=per_sample", "train.checkpoint_interval=12"])
+        cfg = new_run_config(None, [f"method={name}", "task.name=parity", "task.train_max=5", "model.n_layer=1",
+                                    "model.d_model=32", "model.n_head=2", "train.steps=12", "optim.grad_clip=0.05",
+                                    "data.curriculum_start=2", "data.curriculum_interval=3", "train.device=cpu",
+                                    "data.length_sampling=per_sample", "train.checkpoint_interval=12"])
         train(cfg, tmp_path / name, progress=False)
         weights[name] = load_file(next((tmp_path / name).glob("checkpoints/*/model.safetensors")))
     plain, probed = weights["looped"], weights["looped-halt-probe"]
@@ -297,8 +298,9 @@ def test_probe_leaves_the_block_training_bit_for_bit_as_plain_looped(tmp_path):
 def test_probe_is_fitted_in_the_ema_weights_too(tmp_path):
     from safetensors.torch import load_file
     from lengthgen.training.trainer import train
-    cfg = assembly.load(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
-                              "model.d_model=16", "model.n_head=2", "train.steps=2", "optim.ema=0.9", "train.device=cpu"])
+    cfg = new_run_config(None, ["method=looped-halt-probe", "task.name=parity", "task.train_max=3", "model.n_layer=1",
+                                "model.d_model=16", "model.n_head=2", "train.steps=2", "optim.ema=0.9",
+                                "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     for name in ("model", "ema"):
         weights = load_file(next((tmp_path / "run").glob(f"checkpoints/*/{name}.safetensors")))

@@ -4,11 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen.methods import registry as methods
-
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
+from lengthgen.methods.base import steps_at
+from lengthgen.methods.looped import methods  # the module whose oracle_logits the looped methods call
 from lengthgen.methods.looped.block import LoopedTransformer, looped_loss, oracle_logits
-from lengthgen.methods.registry import METHODS, get_method, pause_batch, steps_at
+from lengthgen.methods.next_token import pause_batch
+from lengthgen.methods.registry import METHODS, get_method
 from lengthgen.model.attention import Packed
 from lengthgen.model.positions import SCHEMES
 from lengthgen.tasks import BLANK, IGNORE, PAD, Batch, get_task
@@ -18,7 +19,7 @@ MIXED = torch.tensor([1, 5, 3, 8, 2, 5, 1])  # mixed lengths, repeats and ties i
 
 def tiny(injection=True, seed=0, **model):
     torch.manual_seed(seed)
-    cfg = assembly.load(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
+    cfg = new_run_config(None, ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
                       + [f"model.{k}={v}" for k, v in model.items()])
     return LoopedTransformer(cfg.model, get_task("copy").vocab_size, injection=injection)
 
@@ -50,7 +51,7 @@ def test_injection_changes_later_iterations_only():
 
 
 def test_training_loss_is_the_benchmarked_packed_path(monkeypatch):
-    """benchmarks/looped_speed.py times looped_loss; training must run it too,
+    """benchmarks/speed/looped_speed.py times looped_loss; training must run it too,
     not the (B, L, V) logits that evaluation pads for its stop rules."""
     model, batch = tiny(), mixed_batch()
     expected = looped_loss(model, batch)
@@ -133,7 +134,7 @@ def test_each_sample_read_at_its_own_step():
 def test_methods_registered_and_predict_shape():
     for name in ("looped", "looped-wo-injection", "ntp-loop", "ntp-pause", "ntp"):
         assert name in METHODS
-    cfg = assembly.load(None, ["method=looped", "model.n_layer=1", "model.d_model=32"])
+    cfg = new_run_config(None, ["method=looped", "model.n_layer=1", "model.d_model=32"])
     task = get_task("copy")
     batch = mixed_batch()
     for name, injection in (("looped", True), ("looped-wo-injection", False)):
@@ -173,7 +174,7 @@ def test_pause_batch_matches_slow_reference(task):
 
 
 def test_pause_logits_map_back_to_the_original_layout():
-    cfg = assembly.load(None, ["method=ntp-pause", "model.n_layer=1", "model.d_model=32"])
+    cfg = new_run_config(None, ["method=ntp-pause", "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("copy"), get_method("ntp-pause")
     model, batch = method.build_model(cfg, task).eval(), mixed_batch()
     paused = pause_batch(batch)
@@ -186,7 +187,7 @@ def test_pause_logits_map_back_to_the_original_layout():
 
 
 def test_ntp_loop_runs_its_block_t_train_max_times():
-    cfg = assembly.load(None, ["method=ntp-loop", "task.name=multiplication", "task.train_max=5",
+    cfg = new_run_config(None, ["method=ntp-loop", "task.name=multiplication", "task.train_max=5",
                              "model.n_layer=1", "model.d_model=32"])
     task, method = get_task("multiplication"), get_method("ntp-loop")
     model = method.build_model(cfg, task).eval()
@@ -197,7 +198,7 @@ def test_ntp_loop_runs_its_block_t_train_max_times():
 
 @pytest.mark.parametrize("name", ["ntp-loop", "ntp-pause", "looped-wo-injection"])
 def test_baselines_loss_drops(name):
-    cfg = assembly.load(None, [f"method={name}", "task.name=copy", "task.train_max=4",
+    cfg = new_run_config(None, [f"method={name}", "task.name=copy", "task.train_max=4",
                              "model.n_layer=1", "model.d_model=32", "model.n_head=2"])
     task, method = get_task("copy"), get_method(name)
     torch.manual_seed(0)

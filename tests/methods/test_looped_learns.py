@@ -4,14 +4,14 @@ long runs out)."""
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 
 
 def train_tiny_parity(folder, method, steps, warmup):
     """(task, method, model) of a tiny Parity run on lengths up to 6, trained into `folder`."""
     from lengthgen.evaluation.evaluate import load_run
     from lengthgen.training.trainer import train
-    cfg = assembly.load(None, [
+    cfg = new_run_config(None, [
         f"method={method}", "task.name=parity", "task.train_max=6", "model.n_layer=1", "model.d_model=64",
         "model.n_head=4", "model.init=torch", "model.tie_embeddings=false", f"train.steps={steps}", "optim.lr=1e-3",
         "train.batch_size=32", f"optim.warmup_steps={warmup}", "data.curriculum_start=2",
@@ -56,7 +56,7 @@ def probe_run(tmp_path_factory):
     from lengthgen.evaluation.evaluate import load_run
     from lengthgen.training.trainer import train
     folder = tmp_path_factory.mktemp("probe") / "run"
-    train(assembly.load(None, [
+    train(new_run_config(None, [
         "method=looped-halt-probe", "task.name=parity", "task.train_max=8", "model.n_layer=1", "model.d_model=64",
         "model.n_head=4", "train.steps=1500", "optim.lr=1e-3", "train.batch_size=32", "optim.warmup_steps=50",
         "data.curriculum_start=2", "data.curriculum_interval=40", "train.log_interval=500",
@@ -67,16 +67,16 @@ def probe_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_looped_learns_parity(probe_run):
-    from lengthgen.evaluation.evaluate import accuracy_at
+    from lengthgen.evaluation.evaluate import Measure, accuracy_at
     task, method, model = probe_run
-    acc = [accuracy_at(task, method, model, n, 256, 256, 7, torch.device("cpu"))[0] for n in range(1, 9)]
+    acc = [accuracy_at(Measure(method, model, 256, 256, 7, torch.device("cpu")), task, n)[0] for n in range(1, 9)]
     assert min(acc) >= 0.95, acc
 
 
 @pytest.mark.slow
 def test_looped_halt_probe_learns_to_stop_at_t_n(probe_run):
     """The probe reads T(n) off the states of a plain model that has learnt Parity, at the
-    training lengths (whether it does beyond them is docs/results.md's question)."""
+    training lengths (whether it does beyond them is docs/results/looped.md's question)."""
     from lengthgen.evaluation.evaluate import eval_batches
     task, method, model = probe_run
     for n in (2, 4, 6, 8):

@@ -6,10 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import ConfigError
 from lengthgen.evaluation.evaluate import evaluate_run, load_run
-from lengthgen.methods.registry import get_method, predicted_id
+from lengthgen.evaluation.settings import EvalSettings
+from lengthgen.methods.ppc import predicted_id
+from lengthgen.methods.registry import get_method
 from lengthgen.model.generate import generate_answers, greedy
 from lengthgen.reporting.report import write_report
 from lengthgen.tasks import IGNORE, Batch, get_task
@@ -23,14 +25,14 @@ PPC = ["method=ppc", "task.name=decimal_addition", "task.options.coupled=true", 
 
 
 def model_and_batch(weight: float = 1.0):
-    cfg = assembly.load(None, PPC + [f"method_options.id_loss_weight={weight}"])
+    cfg = new_run_config(None, PPC + [f"method_options.id_loss_weight={weight}"])
     task = get_task("decimal_addition", coupled=True)
     torch.manual_seed(0)
     return get_method("ppc").build_model(cfg, task).eval(), task.sample(8, 3, torch.Generator().manual_seed(0))
 
 
 def test_the_loss_adds_the_id_cross_entropy_times_its_weight():
-    method = get_method("ppc", assembly.load(None, PPC + ["method_options.id_loss_weight=0.5"]))
+    method = get_method("ppc", new_run_config(None, PPC + ["method_options.id_loss_weight=0.5"]))
     model, batch = model_and_batch(0.5)
     h = method.hidden(model, batch)
     tokens = F.cross_entropy(model.lm_head(h).flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
@@ -67,7 +69,7 @@ def test_generated_tokens_take_the_predicted_ids():
 ])
 def test_what_ppc_needs_of_a_config(overrides, message):
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, PPC + overrides)
+        new_run_config(None, PPC + overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -76,7 +78,7 @@ def test_a_tiny_run_learns_the_next_ids(tmp_path):
     """The IDs of the next digit follow a rule; 400 steps must learn them on held-out
     samples at a trained length (chance: 1 in 16; 1.000 on four seeds tried)."""
     folder = tmp_path / "run"
-    train(assembly.load(None, PPC + ["train.steps=400", "method_options.id_loss_weight=5.0"]), folder, progress=False)
+    train(new_run_config(None, PPC + ["train.steps=400", "method_options.id_loss_weight=5.0"]), folder, progress=False)
     model = load_run(folder)[3]
     batch = get_task("decimal_addition", coupled=True).sample(64, 4, torch.Generator().manual_seed(99))
     with torch.no_grad():
@@ -85,7 +87,7 @@ def test_a_tiny_run_learns_the_next_ids(tmp_path):
     scored = batch.target_ids != IGNORE
     assert (guess[scored] == batch.target_ids[scored]).float().mean() > 0.95
     # the evaluation reports it: eval.csv's id_accuracy column, in the per-task report table
-    rows = evaluate_run(folder, [4], 64, progress=False)
+    rows = evaluate_run(folder, EvalSettings(lengths=[4], samples=64, progress=False))
     assert rows[0]["id_accuracy"] > 0.95 and rows[0]["id_accuracy"] <= 1.0
     report = write_report([folder], tmp_path / "report").read_text()
     assert "`id_accuracy`" in report

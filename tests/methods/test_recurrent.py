@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run, new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.methods.registry import METHODS, get_method
 from lengthgen.model.recurrent import (CELL_SIZE, LSTM, RNN, StackRNN, TapeRNN, jump_indices, stack_update,
@@ -19,7 +19,7 @@ RECURRENT = ("rnn", "lstm", "stack-rnn", "tape-rnn")
 
 
 def model_config(d_model=16):
-    return assembly.load(None, [f"model.d_model={d_model}"]).model
+    return new_run_config(None, [f"model.d_model={d_model}"]).model
 
 
 def test_the_four_baselines_are_registered_under_the_grid_s_names():
@@ -183,7 +183,7 @@ def test_the_model_reads_the_authors_tape_and_never_an_answer_token(name):
     task = get_task("reverse_string")
     method = get_method(name)
     torch.manual_seed(4)
-    model = method.build_model(assembly.load(None, ["model.d_model=16"]), task)
+    model = method.build_model(new_run_config(None, ["model.d_model=16"]), task)
     batch = task.sample(6, torch.tensor([1, 4, 3, 6, 2, 5]), torch.Generator().manual_seed(0))
     tape = method.model_batch(batch).inputs
     q = batch.question_len
@@ -206,13 +206,13 @@ def test_the_model_reads_the_authors_tape_and_never_an_answer_token(name):
                                        (["task.name=flipflop"], "flipflop")])
 def test_a_recurrent_method_refuses_positions_and_tasks_without_an_answer_region(sets, key):
     with pytest.raises(ConfigError, match=key):
-        assembly.assemble(None, ["method=stack-rnn", "task.name=parity_check", *sets])
+        new_run(None, ["method=stack-rnn", "task.name=parity_check", *sets])
 
 
 def test_a_recurrent_method_runs_on_a_non_chomsky_task_and_its_checkpoint_loads(tmp_path):
     from lengthgen.evaluation.evaluate import load_run
     from lengthgen.training.trainer import train
-    cfg = assembly.load(None, ["method=lstm", "task.name=addition", "task.train_max=4", "model.d_model=16",
+    cfg = new_run_config(None, ["method=lstm", "task.name=addition", "task.train_max=4", "model.d_model=16",
                                "train.steps=3", "train.batch_size=4", "train.checkpoint_interval=3",
                                "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
@@ -223,7 +223,7 @@ def test_a_recurrent_method_runs_on_a_non_chomsky_task_and_its_checkpoint_loads(
 
 
 def test_compiling_a_recurrent_model_is_declined_with_a_reason():
-    from lengthgen.model import compiling
+    from lengthgen.accel import compiling
     model = RNN(model_config(), 5)
     assert "no transformer blocks" in compiling.compilable(model)
     assert not compiling.compile_blocks(model, torch.device("cpu"))

@@ -5,14 +5,14 @@ checkpoint and scored at up to 4x the longest training length."""
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 
 
 def trained(folder, method, task, train_max, d_model, steps, lr):
     """(task, method, model) of a run trained into `folder` and loaded back."""
     from lengthgen.evaluation.evaluate import load_run
     from lengthgen.training.trainer import train
-    cfg = assembly.load(None, [
+    cfg = new_run_config(None, [
         f"method={method}", f"task.name={task}", f"task.train_max={train_max}", f"model.d_model={d_model}",
         f"train.steps={steps}", f"optim.lr={lr}", "train.batch_size=32", "optim.weight_decay=0",
         "optim.schedule=constant", f"train.log_interval={steps}", f"train.checkpoint_interval={steps}",

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.methods.looped import stop_passes
 
 from lengthgen.methods.looped import stop_rules as stopping
@@ -229,7 +229,7 @@ def test_a_looped_method_reads_out_in_its_own_confidence_precision():
     """eval.confidence_precision is the method's setting: its read-out enters it (the rows of
     test_released_float32_confidence_ties_sure_steps_at_zero)."""
     batch, model = scripted_case([[1e-9, 0.3, 0.5], [1e-12, 0.2, 0.5], [1e-10, 0.1, 1e-15]])
-    released = get_method("looped", assembly.load(None, ["method=looped", "eval.confidence_precision=float32"]))
+    released = get_method("looped", new_run_config(None, ["method=looped", "eval.confidence_precision=float32"]))
     for method, picked in ((released, [1, 3, 3]), (get_method("looped"), [2, 3, 3])):
         ((_, steps),), _ = method.read_out(model, batch, get_task("parity"), ["confidence-per-sample:3"])
         assert steps.tolist() == picked
@@ -238,7 +238,7 @@ def test_a_looped_method_reads_out_in_its_own_confidence_precision():
 def test_a_method_without_stop_rules_reads_out_its_own_prediction():
     """The plain read-out: the method's prediction scored by the task, no step, no curve; stop
     rules are ignored here (the CLI and the grid refuse them)."""
-    cfg = assembly.load(None, ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "task.name=copy"])
+    cfg = new_run_config(None, ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "task.name=copy"])
     task, method = get_task("copy"), get_method("ntp", cfg)
     model, batch = method.build_model(cfg, task).eval(), mixed_batch()
     assert method.stops(["oracle"]) == [None]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lengthgen.assembly import assemble
+from lengthgen.assembly.runs import new_run
 from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
 from lengthgen.model.attention import KVCache
@@ -82,4 +82,4 @@ def test_a_kv_cache_needs_causal_attention():
 ])
 def test_what_cannot_be_bidirectional_is_refused_in_one_line(sets, needle):
     with pytest.raises(ConfigError, match=needle):
-        assemble(None, ["method=encoder", "task.name=parity_check", "model.causal=false", *sets])
+        new_run(None, ["method=encoder", "task.name=parity_check", "model.causal=false", *sets])

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from lengthgen.config.schema import ModelConfig
-from lengthgen.model import narrow_attention
+from lengthgen.accel import narrow_attention
 from lengthgen.model.attention import AttentionDropout, CausalSelfAttention
 from lengthgen.model.content_attention import tra_attention
 from lengthgen.model.positions import PositionalScheme, default_position_ids

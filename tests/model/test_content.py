@@ -80,7 +80,7 @@ def test_cope_matches_its_formula(chunk):
     q, k, v = rand(2, 2, 9, 4, seed=5) * 2, rand(2, 2, 9, 4, seed=6) * 2, rand(2, 2, 9, 4, seed=7)
     npos = 5  # small, so the cap at npos_max - 1 is reached
     pos_emb = rand(4, npos, seed=8)
-    got = cope_attention(q, k, v, pos_emb, npos, chunk=chunk)
+    got = cope_attention(q, k, v, pos_emb, chunk=chunk)  # npos_max: pos_emb's width
     want = cope_by_loops(q, k, v, pos_emb, npos)
     assert torch.allclose(got.double(), want, atol=1e-5), (got.double() - want).abs().max()
 
@@ -124,19 +124,19 @@ def test_cope_positions_count_only_gated_tokens():
     others and take ~no weight: inserting them leaves the last query's output as it was."""
     q, k, v = rand(1, 2, 6, 4, seed=13), rand(1, 2, 6, 4, seed=14), rand(1, 2, 6, 4, seed=15)
     pos_emb = rand(4, 8, seed=16)
-    last = cope_attention(q, k, v, pos_emb, 8)[:, :, -1]
+    last = cope_attention(q, k, v, pos_emb)[:, :, -1]
     shut = -40 * q[:, :, -1:] / q[:, :, -1:].norm(dim=-1, keepdim=True)  # q . k = -40 |q|: gate ~ e^-20
     for at in (1, 4):
         k2 = torch.cat([k[:, :, :at], shut, shut, k[:, :, at:]], 2)
         v2 = torch.cat([v[:, :, :at], torch.ones(1, 2, 2, 4), v[:, :, at:]], 2)
         q2 = torch.cat([q[:, :, :at], rand(1, 2, 2, 4, seed=at), q[:, :, at:]], 2)
-        assert torch.allclose(cope_attention(q2, k2, v2, pos_emb, 8)[:, :, -1], last, atol=1e-5), at
+        assert torch.allclose(cope_attention(q2, k2, v2, pos_emb)[:, :, -1], last, atol=1e-5), at
     # whereas a key with gate ~1 moves every earlier key one position further away
     open_ = 40 * q[:, :, -1:] / q[:, :, -1:].norm(dim=-1, keepdim=True)
     k3 = torch.cat([k[:, :, :3], open_, k[:, :, 3:]], 2)
     v3 = torch.cat([v[:, :, :3], torch.zeros(1, 2, 1, 4), v[:, :, 3:]], 2)
     q3 = torch.cat([q[:, :, :3], rand(1, 2, 1, 4, seed=99), q[:, :, 3:]], 2)
-    assert not torch.allclose(cope_attention(q3, k3, v3, pos_emb, 8)[:, :, -1], last, atol=1e-3)
+    assert not torch.allclose(cope_attention(q3, k3, v3, pos_emb)[:, :, -1], last, atol=1e-3)
 
 
 @pytest.mark.parametrize("position", ["tra", "cope"])
@@ -174,7 +174,7 @@ def test_a_chunk_never_builds_the_whole_window():
     torch.Tensor.__matmul__ = spy
     try:
         tra_attention(q, k, v, g, chunk=16)
-        cope_attention(q, k, v, rand(4, 8), 8, chunk=16)
+        cope_attention(q, k, v, rand(4, 8), chunk=16)
     finally:
         torch.Tensor.__matmul__ = original
     assert max(sizes) <= 16 * 200
@@ -189,4 +189,4 @@ def test_a_large_batch_takes_fewer_queries_per_chunk(monkeypatch):
     q, k, v, g = rand(2, 4, 200, 4), rand(2, 4, 200, 4, seed=1), rand(2, 4, 200, 4, seed=2), rand(2, 4, 200, seed=3)
     assert torch.allclose(tra_attention(q, k, v, g, chunk=512), tra_attention(q, k, v, g, chunk=0), atol=1e-5)
     pos_emb = rand(4, 8)
-    assert torch.allclose(cope_attention(q, k, v, pos_emb, 8, chunk=512), cope_attention(q, k, v, pos_emb, 8), atol=1e-5)
+    assert torch.allclose(cope_attention(q, k, v, pos_emb, chunk=512), cope_attention(q, k, v, pos_emb), atol=1e-5)

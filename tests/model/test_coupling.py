@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lengthgen.tasks import IGNORE, get_task
-from task_checks import check_layout
+from tests.helpers.task_checks import check_layout
 from lengthgen.model.position_transforms import build_transform
 
 

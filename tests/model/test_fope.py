@@ -105,13 +105,13 @@ def test_the_coefficients_are_saved_with_the_weights_and_options_are_checked():
 
 
 def test_a_new_run_gets_the_window_its_training_reaches_unless_its_config_sets_one():
-    from lengthgen.assembly import assemble
+    from lengthgen.assembly.runs import new_run
 
-    run = assemble("looped/cpu/parity", ["model.position=fope"])  # Parity 1-12: IDs 0..12
+    run = new_run("looped/cpu/parity", ["model.position=fope"])  # Parity 1-12: IDs 0..12
     assert run.cfg.model.position_options == {"window": 13}
-    assert assemble("looped/cpu/parity", ["model.position=fope", "model.position_options.window=100"]
-                    ).cfg.model.position_options == {"window": 100}
-    randomized = assemble("looped/cpu/parity", ["model.position=fope", "data.position_transform=randomized",
-                                                "data.position_transform_options.max_position=64"])
+    assert new_run("looped/cpu/parity", ["model.position=fope", "model.position_options.window=100"]
+                   ).cfg.model.position_options == {"window": 100}
+    randomized = new_run("looped/cpu/parity", ["model.position=fope", "data.position_transform=randomized",
+                                               "data.position_transform_options.max_position=64"])
     assert randomized.cfg.model.position_options == {"window": 64}  # the IDs training reads reach 63
-    assert assemble("looped/cpu/parity", ["model.position=rope"]).cfg.model.position_options == {}
+    assert new_run("looped/cpu/parity", ["model.position=rope"]).cfg.model.position_options == {}

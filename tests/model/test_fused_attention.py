@@ -21,7 +21,7 @@ def arguments(name, q, k, v, gate):
     if name == "stickbreaking":
         return (q, k, v, 4, NO_DROPOUT)  # chunks of 4 queries
     if name == "cope":
-        return (q, k, v, gate[0, 0, :8, None].expand(8, 6).contiguous(), 6, 0, NO_DROPOUT)  # (Dh, npos_max)
+        return (q, k, v, gate[0, 0, :8, None].expand(8, 6).contiguous(), 0, NO_DROPOUT)  # (Dh, npos_max)
     return (q, k, v, gate, NO_DROPOUT)
 
 

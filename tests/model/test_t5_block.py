@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
 from lengthgen.model.positions import LearnedPositions, PositionalScheme, default_position_ids
@@ -128,11 +128,11 @@ def test_scaled_head_multiplies_the_normed_state_by_rsqrt_d_before_the_tied_read
 def test_bad_block_options_are_one_line_errors_naming_the_key(override, words):
     sets = ["model.position=learned"] if "std" in override else []
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, sets + [override])
+        new_run_config(None, sets + [override])
     message = str(err.value)
     assert "\n" not in message and all(w in message for w in words), message
 
 
 def test_unscaled_attention_is_refused_for_schemes_with_their_own_logits():
     with pytest.raises(ConfigError, match="model.attn_scale"):
-        assembly.load(None, ["model.attn_scale=false", "model.position=tra"])
+        new_run_config(None, ["model.attn_scale=false", "model.position=tra"])

@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import Run, largest_position_id, new_run_config, training_positions
 from lengthgen.errors import ConfigError
 from lengthgen.model.position_transforms import PoSE, RandomOffset, Randomized, base_ids, build_transform
 from lengthgen.tasks import get_task
@@ -102,12 +102,12 @@ def test_training_with_a_transform_fills_the_table_it_was_sized_for(tmp_path, tr
             "model.position=learned", f"data.position_transform={transform}",
             f"data.position_transform_options={options}", "train.steps=6", "train.batch_size=16",
             "train.device=cpu", "train.log_interval=3"]
-    cfg = assembly.load(None, sets + [f"model.max_positions={largest + 1}"])
-    run = assembly.assembled(cfg)  # random_offset's max_position is an ID; the others' a count
-    assert assembly.largest_position_id(run, assembly.training_positions(run)[1]) == largest
+    cfg = new_run_config(None, sets + [f"model.max_positions={largest + 1}"])
+    run = Run.from_checked(cfg)  # random_offset's max_position is an ID; the others' a count
+    assert largest_position_id(run, training_positions(run)[1]) == largest
     train(cfg, tmp_path / "run", progress=False)  # training draws IDs up to `largest`: the table holds them
     with pytest.raises(ConfigError, match=f"model.max_positions \\({largest}\\) is too small"):
-        assembly.load(None, sets + [f"model.max_positions={largest}"])
+        new_run_config(None, sets + [f"model.max_positions={largest}"])
 
 
 # -- what evaluation reads (Ruoss et al. evaluate with random IDs; Cho et al. and PoSE without) --
@@ -149,10 +149,10 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     """Ruoss et al.'s evaluation: random sorted IDs at test time too. On 0..L-1, which the model
     never saw in training, it fails its own training lengths."""
     from lengthgen.cli import main
-    from lengthgen.evaluation.evaluate import accuracy_at, load_run
+    from lengthgen.evaluation.evaluate import Measure, accuracy_at, load_run
     from lengthgen.results.rows import read_rows
 
-    cfg = assembly.load("experiments/tra/cpu/copy_symbols.toml", [
+    cfg = new_run_config("experiments/tra/cpu/copy_symbols.toml", [
         "train.steps=600", "task.train_max=8", "model.position=sinusoidal", "data.position_transform=randomized",
         "data.position_transform_options.max_position=256", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
@@ -160,7 +160,7 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
     (row,) = read_rows(tmp_path / "run" / "eval.csv")
     assert row["accuracy"] >= 0.5, row
     _, task, method, model, _ = load_run(tmp_path / "run")
-    plain, *_ = accuracy_at(task, method, model, 4, 256, 256, cfg.eval.seed, torch.device("cpu"))
+    plain, *_ = accuracy_at(Measure(method, model, 256, 256, cfg.eval.seed, torch.device("cpu")), task, 4)
     assert plain < row["accuracy"] - 0.3, (plain, row["accuracy"])
     # several draws: the mean over them, each sample read under each
     assert main(["eval", str(tmp_path / "run"), "--lengths", "4", "--samples", "256", "--position-draws", "3",
@@ -171,9 +171,9 @@ def test_a_randomized_run_fits_its_training_lengths_through_lengthgen_eval(tmp_p
 
 def test_position_draws_need_a_transform_that_draws_at_evaluation():
     with pytest.raises(ConfigError, match="position_draws"):
-        assembly.load(None, ["eval.position_draws=3"])
+        new_run_config(None, ["eval.position_draws=3"])
     with pytest.raises(ConfigError, match="position_draws"):
-        assembly.load(None, ["eval.position_draws=0", "data.position_transform=randomized",
-                            "data.position_transform_options.max_position=64", "model.position=sinusoidal"])
-    assembly.load(None, ["eval.position_draws=3", "data.position_transform=randomized",
-                        "data.position_transform_options.max_position=64", "model.position=sinusoidal"])
+        new_run_config(None, ["eval.position_draws=0", "data.position_transform=randomized",
+                              "data.position_transform_options.max_position=64", "model.position=sinusoidal"])
+    new_run_config(None, ["eval.position_draws=3", "data.position_transform=randomized",
+                          "data.position_transform_options.max_position=64", "model.position=sinusoidal"])

@@ -13,8 +13,9 @@ from lengthgen.errors import UserError
 from lengthgen.model.positions import SCHEMES
 from lengthgen.reporting.across_tasks import cells, mean_reciprocal_rank, ranks, section, separating
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.reproduction.runner import reproduce
-from toy_papers import toy_paper, toy_preset
+from tests.helpers.toy_papers import toy_paper, toy_preset
 
 
 def agg_row(task: str, arm: str, position: str, length: int, train_max: int, accuracy: float) -> dict:
@@ -91,7 +92,8 @@ def test_the_matrix_grid_spans_every_scheme_both_architectures_and_the_three_pap
     assert set(grid.defaults("cpu", "tasks")) == tasks
     for task in tasks:
         assert grid.axes("cpu", task) == {"model.position": list(SCHEMES)}  # a new scheme joins the matrix
-    jobs = grids.plan(grid, "cpu", sorted(tasks), ["plain", "looped"], 1, tmp_path, 2)  # every config validates
+    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=sorted(tasks), arms=["plain", "looped"], seeds=1,
+                                             out=tmp_path, workers=2))  # every config validates
     assert len(jobs) == (len(tasks) * 2 - 1) * len(SCHEMES)  # flip-flop: plain only
     methods = {(j.task, j.arm): j.config["method"] for j in jobs}
     assert methods[("parity", "looped")] == "looped" and ("flipflop", "looped") not in methods
@@ -125,7 +127,7 @@ def test_a_toy_matrix_is_reproduced_and_ranked(tmp_path):
     preset = toy_preset(train_max=3, steps=10, lengths="1:6", samples=16)
     paper = toy_paper(tmp_path / "toy", MATRIX, {"parity": preset, "copy": preset.replace('"parity"', '"copy"')})
     out = tmp_path / "out"
-    reproduce(str(paper), "cpu", out=out, workers=2, progress=False)
+    reproduce(str(paper), ReproduceRequest(scale="cpu", out=out, workers=2, progress=False))
     text = (out / "report.md").read_text()
     assert "## accuracy at 2× the training length: every arm × position on every task" in text
     assert (out / "across_tasks_accuracy_at_2x.png").is_file()

@@ -11,11 +11,12 @@ import matplotlib.figure
 import pytest
 
 from lengthgen.cli import main
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import to_toml
 from lengthgen.results.rows import COLUMNS, PER_STEP_COLUMNS, write_csv
 from lengthgen.reporting.figures import plot
 from lengthgen.reporting.series import aggregate
+from tests.helpers.tiny_runs import one_line_error
 
 ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "seed": 0, "n": 64, "accuracy": 1.0,
        "token_accuracy": 1.0, "stop_step": math.nan, "train_max": 4, "baseline": 0.5, "step": 20}
@@ -26,12 +27,6 @@ def write_run(folder: Path, lengths=(2, 4, 6), **fields) -> Path:
     write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "length": n, **fields} for n in lengths],
               COLUMNS + sorted(set(fields) - set(COLUMNS)))
     return folder
-
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    return err[0]
 
 
 @pytest.mark.parametrize("field, value", [("train_max", 6), ("baseline", 0.25), ("n", 32)])
@@ -143,7 +138,7 @@ def test_the_read_out_iteration_has_its_own_summary_for_series_with_a_stop_rule(
     runs = [write_run(tmp_path / f"halt-s{seed}", lengths=(2, 4, 6, 8), method="looped-halt", stop="halt", seed=seed,
                       stop_step=float(n)) for seed, n in ((0, 5), (1, 7))]
     for seed, folder in enumerate(runs):  # seeds of one config: a report averages only configs it can read
-        cfg = assembly.load(None, ["task.name=parity", "method=looped-halt", f"train.model_seed={seed}"])
+        cfg = new_run_config(None, ["task.name=parity", "method=looped-halt", f"train.model_seed={seed}"])
         (folder / "config.toml").write_text(to_toml(cfg))
     text = write_report([ntp, *runs], tmp_path / "out").read_text()
     steps = text[text.index("Mean read-out iteration"):text.index("## Per task")]
@@ -228,7 +223,7 @@ def test_the_chomsky_grid_reports_however_small_it_is(tmp_path, capsys):
 def test_a_report_that_fails_midway_keeps_the_earlier_pair(tmp_path):
     """A full disk (a file-size limit) while the figures are drawn: report.md and results.csv stay
     the earlier report's, both, rather than a new results.csv beside an old report.md."""
-    from limited_calls import calls
+    from tests.helpers.limited_calls import calls
 
     write_run(tmp_path / "a")
     write_run(tmp_path / "b", method="looped", accuracy=0.5)

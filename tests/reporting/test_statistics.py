@@ -16,6 +16,7 @@ from lengthgen.reporting.compare import compare_section, pairs, parse_arms, seed
 from lengthgen.reporting.series import aggregate
 from lengthgen.reporting.statistics import (betainc, effective_length, seed_scores, success_rate, t_two_sided_p,
                                             welch)
+from tests.helpers.tiny_runs import one_line_error
 
 ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "seed": 0, "n": 64, "accuracy": 1.0,
        "token_accuracy": 1.0, "stop_step": math.nan, "train_max": 4, "baseline": 0.5, "step": 20}
@@ -150,12 +151,6 @@ def write_runs(root: Path, arm: str, position: str, scores: dict[int, list[float
     for seed in scores:
         run = [{k: v for k, v in r.items() if k != "source"} for r in rows_of(arm, {seed: scores[seed]}, position=position)]
         write_csv(root / f"{arm}-{seed}" / "eval.csv", run, COLUMNS)
-
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    return err[0]
 
 
 def test_report_compare_prints_the_test_and_refuses_bad_input(tmp_path, capsys):

@@ -12,6 +12,7 @@ from lengthgen.cli import main
 from lengthgen.config.schema import from_data, parse_lengths
 from lengthgen.methods.registry import METHODS
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.tasks import TASKS
 
 GRID = grids.find("chomsky")
@@ -23,7 +24,8 @@ LEVELS = {"R": 4, "DCF": 4, "CS": 7}
 @functools.lru_cache(maxsize=None)
 def planned(scale: str, arms: tuple[str, ...]) -> list:
     at = GRID.at(scale)
-    return grids.plan(GRID, scale, list(at.data["tasks"]), list(arms), 1, Path("unused"), workers=1)
+    return grids.plan(GRID, ReproduceRequest(scale=scale, tasks=list(at.data["tasks"]), arms=list(arms), seeds=1,
+                                             out=Path("unused"), workers=1))
 
 
 def jobs(scale: str, arms: list[str]) -> list:
@@ -104,7 +106,8 @@ def test_the_randomized_comparisons_are_kept_where_both_arms_run_with_two_seeds(
     from lengthgen.reproduction.runner import planned as plan_of
 
     def compared(arms: str, seeds: int) -> list:
-        plan = plan_of("chomsky", "cpu", seeds, ["parity_check"], arms.split(","), tmp_path / "o", 1, 0, [], 1)
+        plan = plan_of("chomsky", ReproduceRequest(scale="cpu", seeds=seeds, tasks=["parity_check"],
+                                                   arms=arms.split(","), out=tmp_path / "o", workers=1, threads=1))
         return plan.layout["compare"]
 
     assert compared("rand-sin,sin,rope", 3) == [["rand-sin", "sin"]]

@@ -13,8 +13,9 @@ import pytest
 from lengthgen.errors import UserError
 from lengthgen.reproduction import grid as grids
 from lengthgen.reproduction.jobs import eval_settings
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.reproduction.runner import reproduce
-from toy_papers import toy_paper, toy_preset
+from tests.helpers.toy_papers import toy_paper, toy_preset
 
 STRETCH = '''
 [[evaluate]]
@@ -46,7 +47,8 @@ def toy(folder: Path, evaluate: str = STRETCH) -> Path:
 
 def planned(folder: Path, evaluate: str = STRETCH) -> dict:
     grid = grids.find(str(toy(folder, evaluate)))
-    jobs = grids.plan(grid, "cpu", ["copy"], ["nope", "rope"], 1, folder / "out", 1)
+    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["copy"], arms=["nope", "rope"], seeds=1,
+                                             out=folder / "out", workers=1))
     return {job.arm: job for job in jobs}
 
 
@@ -100,7 +102,7 @@ def test_the_lm_and_matrix_grids_evaluate_their_rope_runs_stretched():
 @pytest.mark.slow
 def test_a_reproduction_reports_each_stretch_as_a_series(tmp_path):
     paper, out = toy(tmp_path / "toy"), tmp_path / "out"
-    report = reproduce(str(paper), out=out, workers=1, progress=False).read_text()
+    report = reproduce(str(paper), ReproduceRequest(out=out, workers=1, progress=False)).read_text()
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     series = {(r["arm"], r["position.scaling"]) for r in rows}

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.assembly import GIVEN_IDS_TABLE_STD, load, load_saved, reads_given_ids
+from lengthgen.assembly.runs import GIVEN_IDS_TABLE_STD, new_run_config, reads_given_ids, saved_run_config
 from lengthgen.config.schema import read, to_toml
 from lengthgen.errors import UserError
 from lengthgen.reporting.series import aggregate, collect
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.reproduction.runner import reproduce
-from toy_papers import toy_paper, toy_preset
+from tests.helpers.toy_papers import toy_paper, toy_preset
 
 PRESET = toy_preset("multiplication", train_max=3, evaluation="sweep = {max_a_bits = [1, 2]}")
 
@@ -45,7 +46,7 @@ def toy(folder: Path, grid: str = GRID) -> Path:
 @pytest.mark.slow
 def test_a_toy_paper_runs_end_to_end_and_keeps_axis_values_apart(tmp_path):
     paper, out = toy(tmp_path / "toy"), tmp_path / "out"
-    report = reproduce(str(paper), out=out, workers=2, progress=False).read_text()
+    report = reproduce(str(paper), ReproduceRequest(out=out, workers=2, progress=False)).read_text()
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert runs == [f"multiplication-{arm}-max_a_bits={k}-s{s}" for arm in ("plain", "rope") for k in (1, 2)
                     for s in (0, 1)]
@@ -66,23 +67,28 @@ def test_a_toy_paper_runs_end_to_end_and_keeps_axis_values_apart(tmp_path):
 
 def test_labels_do_not_depend_on_which_arms_run(tmp_path):
     grid = grids.find(str(toy(tmp_path / "toy")))
-    alone = grids.plan(grid, "cpu", ["multiplication"], ["plain"], 1, tmp_path / "out", workers=1)
+    alone = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
+                                              out=tmp_path / "out", workers=1))
     assert alone[0].labels == {"arm": "plain", "model.d_model": 16, "task.options.max_a_bits": 1}
-    wide = grids.plan(grid, "cpu", ["multiplication"], ["wide"], 1, tmp_path / "out", workers=1)
+    wide = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["wide"], seeds=1,
+                                             out=tmp_path / "out", workers=1))
     assert wide[0].labels["model.d_model"] == 32 and wide[0].folder.endswith("multiplication-wide-max_a_bits=1-s0")
     # a --set that suits only the arms run now (an option of rope) leaves the others out of the labels
     theta = ["model.position_options.theta=500000"]
-    rope = grids.plan(grid, "cpu", ["multiplication"], ["rope"], 1, tmp_path / "out", workers=1, extra=theta)
+    rope = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["rope"], seeds=1,
+                                             out=tmp_path / "out", workers=1, overrides=theta))
     assert rope[0].labels == {"arm": "rope", "task.options.max_a_bits": 1}
     with pytest.raises(UserError, match="not an option of nope"):
-        grids.plan(grid, "cpu", ["multiplication"], ["plain"], 1, tmp_path / "out", workers=1, extra=theta)
+        grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
+                                          out=tmp_path / "out", workers=1, overrides=theta))
 
 
 def test_a_task_runs_only_its_own_arms(tmp_path, capsys):
     """`only` limits a task to some arms: the others are neither planned nor labelled against."""
     grid = grids.find(str(toy(tmp_path / "toy", GRID.replace(
         "[tasks.multiplication]\n", "[tasks.multiplication]\nonly = [\"plain\", \"wide\"]\n"))))
-    jobs = grids.plan(grid, "cpu", ["multiplication"], ["plain", "rope"], 1, tmp_path / "out", workers=1)
+    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain", "rope"], seeds=1,
+                                             out=tmp_path / "out", workers=1))
     assert {job.arm for job in jobs} == {"plain"}
     assert set(jobs[0].labels) == {"arm", "model.d_model", "task.options.max_a_bits"}  # rope's position: no label
     assert "multiplication runs only: plain, wide" in grids.describe(tmp_path)
@@ -96,13 +102,15 @@ def test_two_entries_of_one_task_are_told_apart_in_their_labels(tmp_path):
     labels must name what differs between the entries, or the report would average them together."""
     folder = toy(tmp_path / "toy", GRID.replace("[arms.plain]", '[tasks.longer]\naxes = {"task.options.max_a_bits" = [1, 2]}\n[arms.plain]'))
     (folder / "cpu" / "longer.toml").write_text(PRESET.replace("steps = 20", "steps = 30"))
-    jobs = grids.plan(grids.find(str(folder)), "cpu", ["multiplication", "longer"], ["plain"], 1, tmp_path / "out",
-                      workers=1)
+    jobs = grids.plan(grids.find(str(folder)), ReproduceRequest(scale="cpu", tasks=["multiplication", "longer"],
+                                                                arms=["plain"], seeds=1, out=tmp_path / "out",
+                                                                workers=1))
     steps = {job.folder.rsplit("/", 1)[-1]: job.labels.get("train.steps") for job in jobs}
     assert steps == {"multiplication-plain-max_a_bits=1-s0": 20, "multiplication-plain-max_a_bits=2-s0": 20,
                      "longer-plain-max_a_bits=1-s0": 30, "longer-plain-max_a_bits=2-s0": 30}
-    alone = grids.plan(grids.find(str(toy(tmp_path / "one"))), "cpu", ["multiplication"], ["plain"], 1, tmp_path / "o",
-                       workers=1)
+    alone = grids.plan(grids.find(str(toy(tmp_path / "one"))),
+                       ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
+                                        out=tmp_path / "o", workers=1))
     assert "train.steps" not in alone[0].labels  # one entry: its steps tell nothing apart
 
 
@@ -110,7 +118,8 @@ def test_an_empty_options_table_is_no_label():
     """Arms that set scheme options (rope's theta) and arms that leave the table empty differ in
     that option alone; `{}` against a missing key is no difference."""
     grid = grids.find("tra")
-    jobs = grids.plan(grid, "cpu", ["flipflop"], ["nope", "rope"], 1, Path("unused"), workers=1)
+    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["flipflop"], arms=["nope", "rope"], seeds=1,
+                                             out=Path("unused"), workers=1))
     assert jobs[0].labels["model.position_options.theta"] == "" and jobs[1].labels["model.position_options.theta"] == 5e5
     assert not any(key.endswith("_options") for job in jobs for key in job.labels)
 
@@ -141,7 +150,8 @@ def test_the_sparsity_grid_couples_through_a_learned_table_but_multiplication_th
     grid = grids.find("sparsity")
 
     def arms(scale, task):
-        jobs = grids.plan(grid, scale, [task], ["ppc", "coupled", "nope"], 1, Path("unused"), workers=1)
+        jobs = grids.plan(grid, ReproduceRequest(scale=scale, tasks=[task], arms=["ppc", "coupled", "nope"], seeds=1,
+                                                 out=Path("unused"), workers=1))
         return {job.arm: dict(s.split("=", 1) for s in job.overrides) for job in jobs}
 
     for scale in ("cpu", "paper"):
@@ -153,8 +163,9 @@ def test_the_sparsity_grid_couples_through_a_learned_table_but_multiplication_th
         assert sets["ppc"]["method"] == '"ppc"' and sets["coupled"]["task.options.coupled"] == "true"
         assert sets["ppc"]["model.position"] == sets["coupled"]["model.position"] == '"learned"'
         assert "task.options.coupled" not in sets["nope"]  # the baselines read no coupled IDs
-    k_max = {job.labels["task.options.k_max"] for job in grids.plan(grid, "paper", ["sparse_parity"], ["rope_pose"], 1,
-                                                                     Path("unused"), workers=1)}
+    request = ReproduceRequest(scale="paper", tasks=["sparse_parity"], arms=["rope_pose"], seeds=1, out=Path("unused"),
+                               workers=1)
+    k_max = {job.labels["task.options.k_max"] for job in grids.plan(grid, request)}
     assert k_max == {4, 6, 8, 10, 12}  # the paper's K_train
 
 
@@ -170,7 +181,9 @@ def test_every_learned_table_that_reads_given_ids_starts_at_an_init_that_trains(
             tasks = list(grid.resolved(scale)["tasks"])
             if any(read(grid.preset(scale, task)).task.name == "text" for task in tasks):
                 continue
-            for job in grids.plan(grid, scale, tasks, list(grid.resolved(scale)["arms"]), 1, Path("unused"), workers=1):
+            for job in grids.plan(grid, ReproduceRequest(scale=scale, tasks=tasks,
+                                                         arms=list(grid.resolved(scale)["arms"]), seeds=1,
+                                                         out=Path("unused"), workers=1)):
                 run = job.assembled()
                 cfg = run.cfg
                 if run.scheme.trains_table and reads_given_ids(run):
@@ -182,15 +195,15 @@ def test_every_learned_table_that_reads_given_ids_starts_at_an_init_that_trains(
 
 def test_a_learned_table_reading_given_ids_defaults_to_n01_unless_set_and_a_saved_run_keeps_its_init(tmp_path):
     preset = grids.find("sparsity").preset("cpu", "addition_mixed")  # its table, 0..L-1 unless coupled
-    assert load(preset).model.position_options == {}  # positions 0..L-1: GPT-2's init stays
+    assert new_run_config(preset).model.position_options == {}  # positions 0..L-1: GPT-2's init stays
     coupled = ["task.options.coupled=true", "data.position_transform=random_offset",
                "data.position_transform_options.max_position=40", "data.position_transform_options.keep_zero=true"]
-    assert load(preset, coupled).model.position_options == {"std": GIVEN_IDS_TABLE_STD}
-    assert load(preset, ["method=ppc"] + coupled).model.position_options == {"std": GIVEN_IDS_TABLE_STD}
-    assert load(preset, coupled + ["model.position_options.std=0.02"]).model.position_options == {"std": 0.02}
+    assert new_run_config(preset, coupled).model.position_options == {"std": GIVEN_IDS_TABLE_STD}
+    assert new_run_config(preset, ["method=ppc"] + coupled).model.position_options == {"std": GIVEN_IDS_TABLE_STD}
+    assert new_run_config(preset, coupled + ["model.position_options.std=0.02"]).model.position_options == {"std": 0.02}
     saved = tmp_path / "config.toml"  # a run saved before the default: trained at 0.02, and says so
     saved.write_text(to_toml(read(preset, coupled)))
-    assert load_saved(saved).model.position_options == {}
+    assert saved_run_config(saved).model.position_options == {}
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -235,20 +248,21 @@ def test_a_grid_error_names_its_file(tmp_path):
 def test_a_plan_validates_each_config_once_and_its_jobs_carry_them(tmp_path, monkeypatch):
     """One validation per task, arm and axis values (not per seed, nor again in the workers); each
     job's config is what loading its preset with its overrides gives."""
-    from lengthgen import assembly
+    from lengthgen.assembly import runs
     from lengthgen.config.schema import to_dict
 
     paper = toy(tmp_path / "toy")
     grid = grids.find(str(paper))
     calls = []
-    checked = assembly.checked
-    monkeypatch.setattr(assembly, "checked", lambda cfg: calls.append(1) or checked(cfg))
-    jobs = grids.plan(grid, "cpu", ["multiplication"], ["plain", "rope"], 2, tmp_path / "out", 1)
+    checked = runs._checked
+    monkeypatch.setattr(runs, "_checked", lambda cfg: calls.append(1) or checked(cfg))
+    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain", "rope"], seeds=2,
+                                             out=tmp_path / "out", workers=1))
     declared = len(grid.arms_of("cpu", "multiplication")) * 2  # every declared arm (wide too) x 2 axis values
     assert len(jobs) == 2 * 2 * 2 and len(calls) == declared
-    monkeypatch.setattr(assembly, "checked", checked)
+    monkeypatch.setattr(runs, "_checked", checked)
     for job in jobs:
-        assert job.config == to_dict(assembly.load(job.preset, job.overrides))
+        assert job.config == to_dict(new_run_config(job.preset, job.overrides))
 
 
 def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):
@@ -265,7 +279,7 @@ def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):
     monkeypatch.setattr(grids.Grid, "merged", lambda grid, scale: merged.update([scale]) or merge(grid, scale))
     monkeypatch.setattr(grids.AtScale, "overrides", lambda at, task, arm, values: overrides.update(
         [(task, arm, tuple(values.items()))]) or override(at, task, arm, values))
-    plan = planned("looped", "cpu", None, None, None, tmp_path / "out", 1, 0, [], 1)
+    plan = planned("looped", ReproduceRequest(scale="cpu", out=tmp_path / "out", workers=1, threads=1))
     assert len(plan.jobs) == 54 and len({(job.task, job.arm) for job in plan.jobs}) == 18
     assert merged == Counter(plan.at.grid.scales)  # cpu and paper, each once
     assert {(job.task, job.arm, ()) for job in plan.jobs} <= set(overrides) and set(overrides.values()) == {1}
@@ -276,12 +290,15 @@ def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):
 def test_an_axis_cut_to_some_values_runs_only_those(tmp_path):
     """--axis model.position=rope,xpos: the matrix's scheme axis at two of its values, every task and arm."""
     grid = grids.find("matrix")
-    jobs = grids.plan(grid, "cpu", ["parity"], ["plain"], 1, tmp_path, 1, axes={"model.position": ["rope", "xpos"]})
+    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
+                                             workers=1, axes={"model.position": ["rope", "xpos"]}))
     assert sorted(Path(j.folder).name for j in jobs) == ["parity-plain-position=rope-s0", "parity-plain-position=xpos-s0"]
-    assert len(grids.plan(grid, "cpu", ["parity"], ["plain"], 1, tmp_path, 1)) == len(grid.axes("cpu", "parity")["model.position"])
+    assert len(grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
+                                                 workers=1))) == len(grid.axes("cpu", "parity")["model.position"])
     # a value the grid does not declare joins the axis (a plugin's scheme), checked as any config value
     for axes, said in (({"model.positon": ["rope"]}, "no axis of the tasks chosen"),
                        ({"model.position": ["rope", "yarn"]}, "model.position 'yarn' is unknown"),
                        ({"model.position": ["rope", "a/b"]}, "it names run folders")):
         with pytest.raises(UserError, match=said):
-            grids.plan(grid, "cpu", ["parity"], ["plain"], 1, tmp_path, 1, axes=axes)
+            grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
+                                              workers=1, axes=axes))

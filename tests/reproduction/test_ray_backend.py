@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.assembly import load
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import RunsFailed
 from lengthgen.reproduction import grid as grids
 from lengthgen.reproduction import runner as rp
 from lengthgen.reproduction.ray_runner import RAY_MISSING, resources
+from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.runtime import checkpoint
 from lengthgen.training.trainer import train
-from toy_papers import positions_grid, toy_paper, toy_preset
+from tests.helpers.toy_papers import positions_grid, toy_paper, toy_preset
 
 PRESET = toy_preset(lengths="2,12")
 
@@ -37,8 +38,8 @@ def paper(tmp_path) -> Path:
 def reproduce(paper: Path, out: Path, **kwargs) -> Path:
     """The report of the grid, whose short_table run fails (the others are reported: RunsFailed's report)."""
     with pytest.raises(RunsFailed, match="1 of 4 runs failed") as failed:
-        rp.reproduce(str(paper), "cpu", seeds=1, tasks=["parity"], arms=ARMS, out=out, workers=2, threads=1,
-                     progress=False, **kwargs)
+        rp.reproduce(str(paper), ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=ARMS, out=out, workers=2,
+                                                  threads=1, progress=False, **kwargs))
     return failed.value.report
 
 
@@ -48,7 +49,8 @@ class Stop(Exception):
 
 def interrupted_run(paper: Path, out: Path, arm: str, monkeypatch) -> Path:
     """The run of `arm` stopped after its checkpoint of step 10 (of 20), as a kill leaves it."""
-    (job,) = [j for j in grids.plan(grids.find(str(paper)), "cpu", ["parity"], [arm], 1, out, 2, threads=1)]
+    (job,) = [j for j in grids.plan(grids.find(str(paper)), ReproduceRequest(scale="cpu", tasks=["parity"], arms=[arm],
+                                                                             seeds=1, out=out, workers=2, threads=1))]
     real_save = checkpoint.save
 
     def stop_after_10(folder, step, *args, **kwargs):
@@ -59,7 +61,7 @@ def interrupted_run(paper: Path, out: Path, arm: str, monkeypatch) -> Path:
     with monkeypatch.context() as patch:
         patch.setattr(checkpoint, "save", stop_after_10)
         with pytest.raises(Stop):
-            train(load(job.preset, job.overrides), Path(job.folder), progress=False)
+            train(new_run_config(job.preset, job.overrides), Path(job.folder), progress=False)
     return Path(job.folder)
 
 
@@ -142,8 +144,10 @@ def test_ray_workers_import_a_runs_plugin(paper, tmp_path, ray_instance, registr
     workers, which start with nothing of it loaded."""
     plugin = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "half_rope.py"
     out = tmp_path / "out"
-    report = rp.reproduce(str(paper), "cpu", seeds=1, tasks=["parity"], arms=["nope"], out=out, workers=1, threads=1,
-                          progress=False, extra=["model.position=half_rope"], plugins=[str(plugin)], backend="ray")
+    report = rp.reproduce(str(paper), ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=["nope"], out=out,
+                                                       workers=1, threads=1, progress=False,
+                                                       overrides=["model.position=half_rope"], plugins=[str(plugin)],
+                                                       backend="ray"))
     run = out / "runs" / "parity-nope-s0"
     assert (run / "eval.done").is_file() and f'plugins = ["{plugin}"]' in (run / "config.toml").read_text()
     assert "--plugin" in report.read_text() and "half_rope" in (out / "results.csv").read_text()

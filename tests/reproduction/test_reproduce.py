@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from lengthgen.assembly import load
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import ConfigError, RunsFailed, UserError
 from lengthgen.results.rows import read_rows
 from lengthgen.reproduction import grid as grids
 from lengthgen.reproduction import runner as rp
 from lengthgen.reproduction.jobs import run_job
-from toy_papers import toy_preset
+from lengthgen.reproduction.request import ReproduceRequest
+from tests.helpers.toy_papers import toy_preset
 
 def looped_preset(task: str, model: str, lengths: str) -> str:
     return toy_preset(task, "looped", steps=30, lengths=lengths, model=model)
@@ -62,14 +63,15 @@ def experiments(tmp_path, monkeypatch):
 
 
 def plan(tasks, arms, seeds, out, workers, **kw):
-    return grids.plan(grids.find("looped"), "cpu", tasks, arms, seeds, out, workers, **kw)
+    request = ReproduceRequest(scale="cpu", tasks=tasks, arms=arms, seeds=seeds, out=out, workers=workers, **kw)
+    return grids.plan(grids.find("looped"), request)
 
 
 def test_arm_overrides_set_then_multiply(experiments):
     g = grids.find("looped")
     sets = grids.arm_overrides(g, "cpu", "parity", "ntp", {})
     assert sets == ['method="ntp"', "model.n_layer=2"]
-    cfg = load(experiments / "looped" / "cpu" / "parity.toml", sets)
+    cfg = new_run_config(experiments / "looped" / "cpu" / "parity.toml", sets)
     assert (cfg.method, cfg.model.n_layer) == ("ntp", 2)
 
 
@@ -84,12 +86,12 @@ def test_plan_names_runs_by_value(experiments, tmp_path):
     # labels: the arm, and the config keys that differ between the task's runs over every declared arm
     assert jobs[0].labels == {"arm": "looped", "model.n_layer": 1} and jobs[2].labels == {"arm": "ntp", "model.n_layer": 2}
     jobs1 = plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=1, threads=1)
-    assert jobs1[0].threads == 1 and load(jobs1[0].preset, jobs1[0].overrides).train.threads == 1
-    jobs = plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precision=bf16"])
-    cfg = load(jobs[0].preset, jobs[0].overrides)
+    assert jobs1[0].threads == 1 and new_run_config(jobs1[0].preset, jobs1[0].overrides).train.threads == 1
+    jobs = plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, overrides=["train.precision=bf16"])
+    cfg = new_run_config(jobs[0].preset, jobs[0].overrides)
     assert (cfg.method, cfg.train.precision) == ("ntp", "bf16")
     with pytest.raises(ConfigError, match="train.precison"):  # a bad --set fails before any run starts
-        plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, extra=["train.precison=bf16"])
+        plan(["parity"], ["ntp"], 1, tmp_path / "out", workers=2, overrides=["train.precison=bf16"])
 
 
 @pytest.mark.slow
@@ -97,8 +99,8 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkey
     out = tmp_path / "out"
     betas = "optim.betas=[0.9, 0.999]"  # the default, with a space the printed command must quote
     with pytest.raises(RunsFailed, match=r"2 of 4 runs failed") as failed:  # exit code 1, the report still written
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
-                     out=out, workers=2, samples=8, progress=False, extra=[betas])
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity", "copy"], arms=["looped", "ntp"],
+                                                out=out, workers=2, samples=8, progress=False, overrides=[betas]))
     report = failed.value.report
     assert failed.value.exit_code == 1 and report == out / "report.md" and "reports the other 2" in str(failed.value)
     text = report.read_text()
@@ -121,16 +123,16 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkey
     stamps = done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns
     with monkeypatch.context() as patch:  # ... and in this process: no worker is started to find nothing to do
         patch.setattr(rp, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("a worker started"))
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out, workers=1,
-                     samples=8, progress=False)
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
+                                                workers=1, samples=8, progress=False))
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
     # the skipped run keeps the seconds measured when it was trained; the other rows stay
     second = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])
     assert second == first
     # another config into the same folder is refused and reported, the finished run is kept
     with pytest.raises(RunsFailed, match=r"every run failed \(1\)"):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
-                     workers=1, progress=False, extra=["optim.lr=0.01"])
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
+                                                workers=1, progress=False, overrides=["optim.lr=0.01"]))
     assert "another config (optim.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
     assert (done.stat().st_mtime_ns, ckpt.stat().st_mtime_ns) == stamps
 
@@ -138,21 +140,21 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkey
 def test_a_selection_of_no_run_says_so(experiments, tmp_path, no_runs):
     """Tasks that run only other arms: no run, said as such (not "every run failed")."""
     with pytest.raises(UserError, match=r"select no run of sparsity \(unique_set runs ppc, coupled, rope_pose, nope\)"):
-        rp.reproduce(str(Path(__file__).parents[2] / "experiments" / "sparsity"), "cpu", seeds=1, tasks=["unique_set"],
-                     arms=["random_start"], out=tmp_path / "out",
-                     workers=1, progress=False)
+        rp.reproduce(str(Path(__file__).parents[2] / "experiments" / "sparsity"),
+                     ReproduceRequest(scale="cpu", seeds=1, tasks=["unique_set"], arms=["random_start"],
+                                      out=tmp_path / "out", workers=1, progress=False))
     assert not (tmp_path / "out").exists()
 
 
 def test_bad_arguments(experiments, tmp_path):
     with pytest.raises(UserError, match="unknown task 'sorting'"):
-        rp.reproduce("looped", tasks=["sorting"], out=tmp_path)
+        rp.reproduce("looped", ReproduceRequest(tasks=["sorting"], out=tmp_path))
     with pytest.raises(UserError, match="unknown arm"):
-        rp.reproduce("looped", arms=["lstm"], out=tmp_path)
+        rp.reproduce("looped", ReproduceRequest(arms=["lstm"], out=tmp_path))
     with pytest.raises(UserError, match="unknown paper"):
-        rp.reproduce("transformers", out=tmp_path)
+        rp.reproduce("transformers", ReproduceRequest(out=tmp_path))
     with pytest.raises(UserError, match="unknown scale"):
-        rp.reproduce("looped", scale="tpu", out=tmp_path)
+        rp.reproduce("looped", ReproduceRequest(scale="tpu", out=tmp_path))
 
 
 @pytest.fixture
@@ -189,8 +191,8 @@ def test_bad_flags_are_refused_before_any_run(experiments, tmp_path, no_runs, ca
 def test_out_that_is_a_file_is_refused(experiments, tmp_path, no_runs):
     (tmp_path / "out").write_text("notes")
     with pytest.raises(UserError, match="is a file"):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["ntp"], out=tmp_path / "out",
-                     workers=1, progress=False)
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=["ntp"],
+                                                out=tmp_path / "out", workers=1, progress=False))
 
 
 class Planned(Exception):
@@ -200,15 +202,16 @@ class Planned(Exception):
 def test_a_name_given_twice_is_one_run(experiments, tmp_path, monkeypatch):
     planned = []
 
-    def plan(grid, scale, tasks, arms, *args):
-        planned.append((tasks, arms))
+    def plan(grid, request):
+        planned.append((request.tasks, request.arms))
         raise Planned  # stop before anything runs
 
     monkeypatch.setattr(grids, "plan", plan)
     with pytest.raises(Planned):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity", "copy", "parity"], arms=["ntp", "looped", "ntp"],
-                     out=tmp_path / "out", workers=2, progress=False)
-    assert planned == [(["parity", "copy"], ["ntp", "looped"])]
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity", "copy", "parity"],
+                                                arms=["ntp", "looped", "ntp"], out=tmp_path / "out", workers=2,
+                                                progress=False))
+    assert planned == [(("parity", "copy"), ("ntp", "looped"))]
 
 
 def parity_ntp(out, samples):
@@ -242,7 +245,7 @@ def test_run_folder_without_checkpoint_is_kept_unless_it_holds_nothing(experimen
     job = parity_ntp(out, samples=4)
     folder = Path(job.folder)
     (folder / "checkpoints").mkdir(parents=True)  # pruned to save disk; the results stay
-    (folder / "config.toml").write_text(to_toml(load(job.preset, job.overrides)))
+    (folder / "config.toml").write_text(to_toml(new_run_config(job.preset, job.overrides)))
     (folder / "eval.csv").write_text("kept\n")
     (folder / "notes.md").write_text("kept\n")
     result = run_job(job)
@@ -260,8 +263,9 @@ def test_reproduce_refuses_bf16_once_before_any_run(experiments, tmp_path, monke
     import lengthgen.runtime.devices as devices
     monkeypatch.setattr(devices, "native_bf16", lambda device: False)
     with pytest.raises(UserError, match="native bf16"):
-        rp.reproduce("looped", "cpu", seeds=1, tasks=["parity"], arms=["looped", "ntp"], out=tmp_path / "out",
-                     workers=1, progress=False, extra=["train.precision=bf16"])
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=["looped", "ntp"],
+                                                out=tmp_path / "out", workers=1, progress=False,
+                                                overrides=["train.precision=bf16"]))
     assert not (tmp_path / "out").exists()
 
 
@@ -294,8 +298,9 @@ def test_killed_reproduction_stops_its_workers(experiments, tmp_path, sig):
         looped_preset("parity", "", "2").replace("steps = 30", "steps = 1000000"))
     out = tmp_path / "out"
     driver = ("import sys; from pathlib import Path; from lengthgen.reproduction import runner as rp; "
-              "rp.reproduce(sys.argv[1] + '/looped', 'cpu', seeds=1, tasks=['parity'], "
-              "arms=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False)")
+              "from lengthgen.reproduction.request import ReproduceRequest; "
+              "rp.reproduce(sys.argv[1] + '/looped', ReproduceRequest(scale='cpu', seeds=1, tasks=['parity'], "
+              "arms=['looped', 'ntp'], out=Path(sys.argv[2]), workers=2, progress=False))")
     proc = subprocess.Popen([sys.executable, "-c", driver, str(experiments), str(out)], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -358,12 +363,12 @@ def test_the_job_queued_ahead_of_a_free_worker_is_not_shown_as_running():
 
 def test_stacked_seeds_reproduce_the_runs_trained_one_by_one(experiments, tmp_path):
     """--stack-seeds: each configuration's seeds train as one stacked model in one worker; the
-    runs' results are those of training them one by one (lengthgen.training.stacked)."""
+    runs' results are those of training them one by one (lengthgen.accel.stacked)."""
     apart, stacked = tmp_path / "apart", tmp_path / "stacked"
     kw = dict(seeds=2, tasks=["parity"], arms=["looped", "ntp"], workers=1, samples=8, progress=False)
-    rp.reproduce("looped", "cpu", out=apart, **kw)
+    rp.reproduce("looped", ReproduceRequest(scale="cpu", out=apart, **kw))
     assert len(rp.seed_groups(plan(["parity"], ["looped", "ntp"], 2, stacked, 1))) == 2  # two arms, each two seeds
-    rp.reproduce("looped", "cpu", out=stacked, stack_seeds=True, **kw)
+    rp.reproduce("looped", ReproduceRequest(scale="cpu", out=stacked, stack_seeds=True, **kw))
     for name in ("parity-looped-s0", "parity-looped-s1", "parity-ntp-s0", "parity-ntp-s1"):
         losses = [[json.loads(line)["loss"] for line in (out / "runs" / name / "metrics.jsonl").open()]
                   for out in (apart, stacked)]

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 
-from documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
+from tests.helpers.documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
 
 
 TOY_GRID = """
@@ -90,6 +90,7 @@ def independent_ratios(out, arm, seeds, edges, select="in_tau"):
 def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_and_skips_finished_work(
         docs, tmp_path, monkeypatch):
     from lengthgen.reproduction import grid as grids
+    from lengthgen.reproduction.request import ReproduceRequest
     from lengthgen.reproduction.runner import reproduce
 
     folder, _ = docs
@@ -99,7 +100,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     (root / "toy" / "cpu" / "text.toml").write_text(toy_preset(folder))
     monkeypatch.setattr(grids, "ROOT", root)
     out = tmp_path / "out"
-    report = reproduce("toy", "cpu", out=out, workers=1, threads=1, progress=False).read_text()
+    report = reproduce("toy", ReproduceRequest(scale="cpu", out=out, workers=1, threads=1, progress=False)).read_text()
     assert "## Long-context gain by dependence sparsity" in report
     for name in ("gain_by_sparsity.png", "delta_distribution.png", "sparse_examples.png"):
         assert (out / name).stat().st_size > 5_000
@@ -123,20 +124,21 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
         assert cells[7].startswith(f"{np.mean([s['mirror'] for s in per_seed]):.3f}")
     # run again: every run is finished and evaluated, nothing is computed again
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("token_loss.csv")}
-    reproduce("toy", "cpu", out=out, workers=1, threads=1, progress=False)
+    reproduce("toy", ReproduceRequest(scale="cpu", out=out, workers=1, threads=1, progress=False))
     assert stamps == {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("token_loss.csv")}
     # a lost dependence.csv: that run alone is evaluated again
     (out / "runs" / "text-long-s1" / "dependence.csv").unlink()
-    reproduce("toy", "cpu", out=out, workers=1, threads=1, progress=False)
+    reproduce("toy", ReproduceRequest(scale="cpu", out=out, workers=1, threads=1, progress=False))
     assert (out / "runs" / "text-long-s1" / "dependence.csv").is_file()
     changed = [p for p, t in stamps.items() if p.stat().st_mtime_ns != t]
     assert [p.parent.name for p in changed] == ["text-long-s1"]
     # evaluating other windows later does not pay for the per-token files again
     from lengthgen.evaluation.evaluate import evaluate_run
+    from lengthgen.evaluation.settings import EvalSettings
 
     run = out / "runs" / "text-long-s0"
     before = (run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns
-    evaluate_run(run, [8], 100, progress=False)
+    evaluate_run(run, EvalSettings(lengths=[8], samples=100, progress=False))
     assert before == ((run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns)
     # k again with leave-one-out ranks, on a few tokens of the reference's T* (scripts/dependence_ranks.py)
     import subprocess
@@ -171,6 +173,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
 
 def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_the_window(tmp_path):
     from lengthgen.reproduction import grid as grids
+    from lengthgen.reproduction.request import ReproduceRequest
     from lengthgen.tasks.corpus import CorpusError
 
     assert "sparsity-lm" in grids.papers()
@@ -178,13 +181,14 @@ def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_th
     grid = grids.find("sparsity-lm")
     assert set(grid.scales) == {"cpu", "paper"} and "c4" in grid.resolved("paper")["tasks"]
     try:
-        jobs = grids.plan(grid, "cpu", ["text"], grid.defaults("cpu", "arms"), 3, tmp_path, 1, threads=1)
+        jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["text"], arms=grid.defaults("cpu", "arms"),
+                                                 seeds=3, out=tmp_path, workers=1, threads=1))
     except Exception as err:  # the Python documentation is not installed here
         if isinstance(err, CorpusError) or "python3-doc" in str(err):
             pytest.skip("no python-docs corpus")
         raise
     assert len(jobs) == 12
-    configs = {(j.arm, j.seed): assembly.load(j.preset, j.overrides) for j in jobs}
+    configs = {(j.arm, j.seed): new_run_config(j.preset, j.overrides) for j in jobs}
     short = configs[("rope_pose", 0)]
     long = configs[("long", 0)]
     L = short.task.train_max
@@ -221,8 +225,8 @@ def test_the_paper_presets_load_on_local_copies_with_the_seeds_optimiser(tmp_pat
             for _ in range(30):
                 f.write(json.dumps({"text": " ".join(rng.choice(words, 40))}) + "\n")
     for name, path in (("text", tmp_path / "wikitext"), ("c4", tmp_path / "c4")):
-        cfg = assembly.load(f"experiments/sparsity-lm/paper/{name}.toml",
-                           [f"task.options.path={path}", "task.options.vocab_size=600"])
+        cfg = new_run_config(f"experiments/sparsity-lm/paper/{name}.toml",
+                             [f"task.options.path={path}", "task.options.vocab_size=600"])
         op = cfg.optim
         assert (op.lr, op.weight_decay, op.schedule, op.warmup_steps) == (5e-5, 0.1, "linear", 300)
         L = cfg.task.train_max

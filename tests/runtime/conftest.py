@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
-from tiny_runs import train_cli
-from toy_papers import positions_grid, toy_paper, toy_preset
+from tests.helpers.tiny_runs import train_cli
+from tests.helpers.toy_papers import positions_grid, toy_paper, toy_preset
 
 
 @pytest.fixture(scope="module")

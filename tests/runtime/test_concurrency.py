@@ -13,10 +13,11 @@ import pytest
 
 from lengthgen.cli import main
 from lengthgen.evaluation import evaluate
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.results.rows import read_rows
 from lengthgen.runtime import run_folders
 from lengthgen.runtime.run_folders import FolderLock, run_lock
-from tiny_runs import TINY, one_line_error, train_cli
+from tests.helpers.tiny_runs import TINY, one_line_error, train_cli
 
 
 def test_a_train_on_a_held_folder_refuses_before_making_or_deleting_anything(tmp_path, capsys):
@@ -78,11 +79,11 @@ def test_two_evaluations_of_one_run_side_by_side_keep_every_row(copy, monkeypatc
     def measure_and_let_another_run(ctx, task, length):
         if not inner:
             inner.append(length)
-            assert evaluate.evaluate_run(copy, [3], 8, progress=False)  # the other evaluation, whole
+            assert evaluate.evaluate_run(copy, EvalSettings(lengths=[3], samples=8, progress=False))  # the other, whole
         return measure(ctx, task, length)
 
     monkeypatch.setitem(evaluate.EVALUATORS, "exact_match", measure_and_let_another_run)
-    evaluate.evaluate_run(copy, [2, 4], 8, progress=False)
+    evaluate.evaluate_run(copy, EvalSettings(lengths=[2, 4], samples=8, progress=False))
     assert {row["length"] for row in read_rows(copy / "eval.csv")} >= {2, 3, 4}
     assert not (copy / ".eval.lock").exists()
 

@@ -10,7 +10,7 @@ import pytest
 from lengthgen.cli import main
 from lengthgen.results.rows import read_rows
 from lengthgen.runtime.checkpoint import latest
-from tiny_runs import one_line_error
+from tests.helpers.tiny_runs import one_line_error
 
 
 # -- damaged files ------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 from lengthgen.cli import main
 from lengthgen.runtime.checkpoint import latest
 from lengthgen.runtime.run_folders import unstarted
-from limited_calls import calls, permission_bits_bind
-from tiny_runs import TINY, error_lines, one_line_error, train_cli
+from tests.helpers.limited_calls import calls, permission_bits_bind
+from tests.helpers.tiny_runs import TINY, error_lines, one_line_error, train_cli, tree
 
 GIB = 2 ** 30
 def failed_in_one_line(result: tuple[object, str]) -> str:
@@ -36,10 +36,6 @@ def weights(run: Path, step: int) -> dict:
 
 def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def tree(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
 
 
 # -- memory -------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from lengthgen.cli import main
 from lengthgen.runtime import checkpoint
-from tiny_runs import one_line_error
+from tests.helpers.tiny_runs import one_line_error
 
 
 def disk_full_once(monkeypatch):

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from lengthgen.cli import main
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import UserError
 from lengthgen.results.rows import COLUMNS, read_per_step, read_rows, write_csv
 from lengthgen.results.token_files import read_dependence, read_token_losses, write_token_losses
 from lengthgen.runtime.checkpoint import latest
-from tiny_runs import one_line_error
+from tests.helpers.tiny_runs import one_line_error
 
 
 def edit_eval_csv(path, **values) -> None:
@@ -98,7 +98,7 @@ def test_runs_differing_only_in_data_seed_are_two_seeds(tmp_path):
     for data_seed in (0, 1):
         folder = tmp_path / f"d{data_seed}"
         folder.mkdir()
-        cfg = assembly.load(None, ["task.name=parity", "task.train_max=4", f"data.seed={data_seed}"])
+        cfg = new_run_config(None, ["task.name=parity", "task.train_max=4", f"data.seed={data_seed}"])
         (folder / "config.toml").write_text(to_toml(cfg))
         write_csv(folder / "eval.csv", [{"run": folder.name, "task": "parity", "method": "ntp", "position": "nope",
                                          "stop": "", "seed": 0, "length": n, "n": 64, "accuracy": 0.25 + data_seed / 2,

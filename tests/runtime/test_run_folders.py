@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from lengthgen.evaluation import evaluate
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 
 from lengthgen.cli import main
 from lengthgen.config.schema import to_toml
@@ -24,11 +24,7 @@ from lengthgen.tasks import corpus as corpora
 from lengthgen.tasks.corpus import Corpus, CorpusError
 from lengthgen.training import trackers
 from lengthgen.training.trainer import train
-from tiny_runs import one_line_error, tiny, train_cli
-
-
-def snapshot(folder) -> dict:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+from tests.helpers.tiny_runs import one_line_error, tiny, train_cli, tree
 
 
 # -- --force -----------------------------------------------------------------------------------
@@ -38,11 +34,11 @@ def test_force_refuses_a_folder_holding_other_files_and_deletes_nothing(tmp_path
     (folder / "data").mkdir(parents=True)
     (folder / "thesis.tex").write_text("\\documentclass{article}\n")
     (folder / "data" / "table.csv").write_text("a,b\n1,2\n")
-    before = snapshot(folder)
+    before = tree(folder)
     assert train_cli(folder, "--force") == 2
     err = one_line_error(capsys)
     assert str(folder) in err and "data" in err and "only a lengthgen run" in err
-    assert snapshot(folder) == before
+    assert tree(folder) == before
     # a run folder someone added a file of their own to is refused too
     train(tiny(), tmp_path / "run", progress=False)
     (tmp_path / "run" / "notes.md").write_text("mine\n")
@@ -58,14 +54,14 @@ def test_force_refuses_a_folder_holding_other_files_and_deletes_nothing(tmp_path
 def test_force_refuses_the_current_folder_and_its_parents(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     train(tiny(), run, progress=False)  # a real run: only the rule about the current folder refuses it
-    before = snapshot(tmp_path)
+    before = tree(tmp_path)
     monkeypatch.chdir(run)
     assert train_cli(".", "--force") == 2
     assert "current folder" in one_line_error(capsys)
     monkeypatch.chdir(run / "checkpoints")
     assert train_cli("..", "--force") == 2
     assert "current folder or holds it" in one_line_error(capsys)
-    assert snapshot(tmp_path) == before
+    assert tree(tmp_path) == before
 
 
 def test_force_replaces_a_lengthgen_run(tmp_path):
@@ -86,8 +82,8 @@ ROW = {"task": "parity", "method": "ntp", "position": "nope", "stop": "", "n": 6
 
 def write_run(folder, seed, accuracy, *sets: str):
     folder.mkdir(parents=True)
-    cfg = assembly.load(None, ["task.name=parity", "task.train_max=4", f"train.model_seed={seed}",
-                              f"data.seed={seed}", *sets])
+    cfg = new_run_config(None, ["task.name=parity", "task.train_max=4", f"train.model_seed={seed}",
+                                f"data.seed={seed}", *sets])
     (folder / "config.toml").write_text(to_toml(cfg))
     write_csv(folder / "eval.csv", [{**ROW, "run": folder.name, "seed": seed, "length": n, "accuracy": accuracy}
                                     for n in (2, 4, 8)], COLUMNS)

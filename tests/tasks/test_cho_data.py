@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.model.position_transforms import build_transform
 from lengthgen.tasks import EOS, IGNORE, get_task
@@ -159,14 +159,14 @@ def test_multiplication_is_numbered_as_the_mirror_image_of_cho_et_al():
 ])
 def test_bad_task_options_are_one_line_errors(override, words):
     with pytest.raises(ConfigError) as err:
-        assembly.load(None, ["task.name=decimal_addition", override])
+        new_run_config(None, ["task.name=decimal_addition", override])
     assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
 
 
 def test_the_independent_law_refuses_one_length_per_batch():
     with pytest.raises(ConfigError, match="data.length_sampling"):
-        assembly.load(None, ["task.name=decimal_addition", "task.options.operands=independent",
-                            "data.length_sampling=per_batch"])
+        new_run_config(None, ["task.name=decimal_addition", "task.options.operands=independent",
+                              "data.length_sampling=per_batch"])
 
 
 def test_rendering_drops_the_bos():

@@ -17,7 +17,7 @@ from lengthgen.tasks.chomsky_common import slots_tape
 from lengthgen.tasks.chomsky_regular import evaluate
 
 from chomsky_solvers import SOLVERS, as_authors, input_length, output_length
-from task_checks import check_layout
+from tests.helpers.task_checks import check_layout
 
 REFERENCE = json.loads(gzip.decompress((Path(__file__).parent / "chomsky_reference.json.gz").read_bytes()))
 HEX = "0123456789abcdef"

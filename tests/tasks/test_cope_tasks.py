@@ -10,7 +10,7 @@ from itertools import combinations
 
 import pytest
 import torch
-from task_checks import (
+from tests.helpers.task_checks import (
     LETTERS,
     check_answers,
     check_layout,
@@ -18,7 +18,7 @@ from task_checks import (
     solve_selective_copy,
 )
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.tasks import get_task
 
@@ -206,19 +206,19 @@ def test_counting_bad_options(variables):
                                            ("{blanks=3}", "is not an option of selective_copy")])
 def test_bad_selective_copy_options_are_one_line_config_errors(options, word):
     with pytest.raises(ConfigError, match=word) as err:
-        assembly.load(None, ["task.name=selective_copy", f"task.options={options}"])
+        new_run_config(None, ["task.name=selective_copy", f"task.options={options}"])
     assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("options, word", [("{variables=0}", "variables"), ("{nvars=3}", "is not an option of counting")])
 def test_bad_counting_options_are_one_line_config_errors(options, word):
     with pytest.raises(ConfigError, match=word) as err:
-        assembly.load(None, ["task.name=counting", f"task.options={options}"])
+        new_run_config(None, ["task.name=counting", f"task.options={options}"])
     assert "\n" not in str(err.value)
 
 
 def test_the_papers_densities_sweep_in_evaluation():
-    cfg = assembly.load(None, ["task.name=selective_copy", "eval.sweep={blank_ratio=[1.0, 0.5, 2.0]}"])
+    cfg = new_run_config(None, ["task.name=selective_copy", "eval.sweep={blank_ratio=[1.0, 0.5, 2.0]}"])
     assert cfg.eval.sweep == {"blank_ratio": [1.0, 0.5, 2.0]}
     with pytest.raises(ConfigError, match="vocabulary"):  # symbols would change it
-        assembly.load(None, ["task.name=selective_copy", "eval.sweep={symbols=[8, 16]}"])
+        new_run_config(None, ["task.name=selective_copy", "eval.sweep={symbols=[8, 16]}"])

@@ -3,10 +3,10 @@ its layout (scored inside the sequence), its distributions and its own metrics."
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.tasks import IGNORE, PAD, get_task
 
-from task_checks import solve_flipflop
+from tests.helpers.task_checks import solve_flipflop
 
 
 def reads_of(task, batch, i):
@@ -96,14 +96,14 @@ def test_example_length_and_options_are_checked():
 
 def test_config_refuses_lengths_below_two_and_answer_methods():
     sets = ["task.name=flipflop", "task.train_min=2", "task.train_max=8", "eval.lengths=2:8"]
-    assert assembly.load(None, sets).task.name == "flipflop"
+    assert new_run_config(None, sets).task.name == "flipflop"
     for extra, needle in ((["task.train_min=1"], "task.train_min must be >= 2"),
                           (["eval.lengths=1:8"], "eval.lengths includes 1"),
                           (["method=looped"], "scored inside the sequence"),
                           (["method=ntp-pause"], "scored inside the sequence"),
                           (["eval.sweep={p_ignore=[0.8, 0.98, 0.1]}"], None)):
         if needle is None:
-            assert assembly.load(None, sets + extra).eval.sweep == {"p_ignore": [0.8, 0.98, 0.1]}
+            assert new_run_config(None, sets + extra).eval.sweep == {"p_ignore": [0.8, 0.98, 0.1]}
             continue
         with pytest.raises(Exception, match=needle):
-            assembly.load(None, sets + extra)
+            new_run_config(None, sets + extra)

@@ -8,7 +8,7 @@ import pytest
 
 from lengthgen.tasks.corpus import Corpus, c4_split_of
 
-from documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
+from tests.helpers.documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
 
 
 def test_c4_loads_a_local_copy_in_the_hub_layout(tmp_path, monkeypatch):

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 import torch
-from task_checks import check_answers, check_layout, solve_hinted_addition
+from tests.helpers.task_checks import check_answers, check_layout, solve_hinted_addition
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.tasks import get_task
 from lengthgen.tasks.hints import HINTS, MAX_HINTED
@@ -92,12 +92,12 @@ def test_longer_problems_are_refused(name):
             task.sample(2, length, torch.Generator())
         assert "\n" not in str(err.value)
     sets = [f"task.name={name}", "task.options={index_hints=true}", "task.train_max=20", "eval.lengths=1:51"]
-    assert assembly.load(None, sets).task.options == {"index_hints": True}
+    assert new_run_config(None, sets).task.options == {"index_hints": True}
     for extra, key in ((["task.train_max=52"], "task.train_max includes 52"),
                        (["eval.lengths=1:60"], "eval.lengths includes 60"),
                        (["tests.interval=10", "tests.lengths=30,52"], "tests.lengths includes 52")):
         with pytest.raises(ConfigError, match=key) as err:
-            assembly.load(None, sets + extra)
+            new_run_config(None, sets + extra)
         assert "\n" not in str(err.value) and "index_hints" in str(err.value)
 
 
@@ -109,10 +109,10 @@ def test_bad_options_are_one_line_config_errors(options, word):
         get_task("decimal_addition", **options)
     table = "{" + ", ".join(f"{k}={str(v).lower()}" for k, v in options.items()) + "}"
     with pytest.raises(ConfigError, match=word) as err:
-        assembly.load(None, ["task.name=decimal_addition", f"task.options={table}"])
+        new_run_config(None, ["task.name=decimal_addition", f"task.options={table}"])
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="index_hints must be true or false"):
-        assembly.load(None, ["task.name=addition", "task.options={index_hints=\"yes\"}"])
+        new_run_config(None, ["task.name=addition", "task.options={index_hints=\"yes\"}"])
 
 
 def test_the_documented_examples():

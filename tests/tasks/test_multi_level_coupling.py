@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run
 from lengthgen.config.schema import ModelConfig
 from lengthgen.errors import ConfigError
 from lengthgen.model.position_transforms import build_transform
@@ -195,24 +195,24 @@ COUPLED = ["task.name=multi_operand_addition", "task.options.coupled=2", "task.t
 ])
 def test_multi_level_ids_need_a_table_and_a_start_per_level(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        assembly.assemble(None, [*COUPLED, *overrides])
+        new_run(None, [*COUPLED, *overrides])
 
 
 def test_levels_on_a_task_without_them_are_refused():
     plain = ["task.name=decimal_addition", "task.options.coupled=true", "model.max_positions=16", "eval.lengths=3"]
     with pytest.raises(ConfigError, match="1 level"):
-        assembly.assemble(None, [*plain, "model.position=learned", "model.position_options.levels=2"])
+        new_run(None, [*plain, "model.position=learned", "model.position_options.levels=2"])
     with pytest.raises(ConfigError, match="1 level"):
-        assembly.assemble(None, [*plain, "data.position_transform=random_offset",
-                                 "data.position_transform_options.levels=2",
-                                 "data.position_transform_options.max_position=15",
-                                 "data.position_transform_options.keep_zero=true"])
+        new_run(None, [*plain, "data.position_transform=random_offset",
+                       "data.position_transform_options.levels=2",
+                       "data.position_transform_options.max_position=15",
+                       "data.position_transform_options.keep_zero=true"])
 
 
 def test_a_multi_level_run_takes_a_table_and_a_start_per_level_from_the_task():
-    run = assembly.assemble(None, [*COUPLED, "model.position=learned", "data.position_transform=random_offset",
-                                   "data.position_transform_options.max_position=[15, 10]",
-                                   "data.position_transform_options.keep_zero=true"])
+    run = new_run(None, [*COUPLED, "model.position=learned", "data.position_transform=random_offset",
+                         "data.position_transform_options.max_position=[15, 10]",
+                         "data.position_transform_options.keep_zero=true"])
     assert run.cfg.model.position_options == {"levels": 2, "std": 1.0}  # Cho et al.'s N(0, 1) tables
     assert run.transform.levels == 2 and run.transform.tops == [15, 10]
     assert run.cfg.data.position_transform_options["levels"] == 2  # written into the run's config.toml

@@ -6,10 +6,10 @@ from collections import Counter
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import ConfigError
 from lengthgen.tasks import get_task
-from task_checks import check_answers, check_layout, solve_sparse_parity
+from tests.helpers.task_checks import check_answers, check_layout, solve_sparse_parity
 
 
 @pytest.mark.parametrize("layout", ["blocks", "pairs"])
@@ -57,6 +57,6 @@ def test_k_larger_than_the_length_is_refused():
     with pytest.raises(ValueError, match="k_max must be an integer >= 1"):
         get_task("sparse_parity", k_max=0)
     with pytest.raises(ConfigError, match=r"eval.lengths includes 4; sparse_parity with k=8 needs lengths >= 8"):
-        assembly.load(None, ["task.name=sparse_parity", "eval.lengths=4,16", "eval.sweep={k=[4, 8]}"])
+        new_run_config(None, ["task.name=sparse_parity", "eval.lengths=4,16", "eval.sweep={k=[4, 8]}"])
     with pytest.raises(ConfigError, match="task.train_min must be >= 6"):
-        assembly.load(None, ["task.name=sparse_parity", "task.options={k=6}", "task.train_min=2"])
+        new_run_config(None, ["task.name=sparse_parity", "task.options={k=6}", "task.train_min=2"])

@@ -10,7 +10,7 @@ import torch
 from lengthgen.tasks import BLANK, CHOMSKY, EOS, IGNORE, PAD, SPECIALS, TASKS, Batch, Task, get_task
 from lengthgen.tasks.base import sample_mixed
 
-from task_checks import ORDER, SOLVERS, check_answers, check_layout  # noqa: E402
+from tests.helpers.task_checks import ORDER, SOLVERS, check_answers, check_layout  # noqa: E402
 
 
 

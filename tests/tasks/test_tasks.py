@@ -10,7 +10,8 @@ import torch
 from lengthgen.tasks import PAD, TASKS, get_task
 from lengthgen.tasks.addition import add_bits
 
-from task_checks import ORDER, SOLVERS, check_answers, check_layout, solve_multiplication, solve_unique_set
+from tests.helpers.task_checks import (ORDER, SOLVERS, check_answers, check_layout, solve_multiplication,
+                                       solve_unique_set)
 
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.evaluation.settings import EvalSettings
 from lengthgen.tasks import IGNORE, PAD, get_task, measure
 from lengthgen.tasks.base import TrailingPad, pad_answers
 from lengthgen.training.trainer import train
@@ -67,16 +68,17 @@ def test_exact_match_counts_the_pads():
 ])
 def test_trailing_pad_is_refused_where_it_cannot_apply(sets, message):
     with pytest.raises(ConfigError, match=message):
-        assembly.load(None, ["task.trailing_pad=2", *sets] if "task.trailing_pad=-1" not in sets else sets)
+        new_run_config(None, ["task.trailing_pad=2", *sets] if "task.trailing_pad=-1" not in sets else sets)
 
 
 def test_a_looped_run_with_trailing_pads_trains_and_is_evaluated(tmp_path):
-    cfg = assembly.load(None, ["method=looped", "task.name=parity", "task.train_max=4", "task.trailing_pad=3",
-                              "model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.steps=3",
-                              "train.batch_size=8", "train.checkpoint_interval=3", "eval.lengths=2,6",
-                              "eval.samples=16"])
+    cfg = new_run_config(None, ["method=looped", "task.name=parity", "task.train_max=4", "task.trailing_pad=3",
+                                "model.d_model=16", "model.n_layer=1", "model.n_head=2", "train.steps=3",
+                                "train.batch_size=8", "train.checkpoint_interval=3", "eval.lengths=2,6",
+                                "eval.samples=16"])
     train(cfg, tmp_path / "run", progress=False)
-    rows = evaluate_run(tmp_path / "run", [2, 6], 16, stops=["oracle", "confidence"], progress=False)
+    rows = evaluate_run(tmp_path / "run", EvalSettings(lengths=[2, 6], samples=16, stops=["oracle", "confidence"],
+                                                       progress=False))
     assert {(r["length"], r["stop"]) for r in rows} == {(2, "oracle"), (6, "oracle"), (2, "confidence"),
                                                         (6, "confidence")}
     assert "trailing_pad = 3" in (tmp_path / "run" / "config.toml").read_text()

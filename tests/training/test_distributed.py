@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import UserError
 from lengthgen.model.position_transforms import build_transform
 from lengthgen.tasks import get_task
@@ -60,15 +60,15 @@ def assert_same_training(a: Path, b: Path, step: int) -> None:
 def test_two_processes_train_what_one_process_trains_on_the_same_two_shards(tmp_path, one_thread):
     sets = TINY + ["train.steps=20", "train.checkpoint_interval=10"]
     run(torchrun("train", "--defaults", *(f"--set={s}" for s in sets), "--out", str(tmp_path / "ddp"), "--no-progress"))
-    train(assembly.load(None, sets + ["data.shards=2"]), tmp_path / "one", progress=False)
-    train(assembly.load(None, sets), tmp_path / "one-stream", progress=False)
+    train(new_run_config(None, sets + ["data.shards=2"]), tmp_path / "one", progress=False)
+    train(new_run_config(None, sets), tmp_path / "one-stream", progress=False)
 
     assert_same_training(tmp_path / "ddp", tmp_path / "one", 20)
     other, _ = weights(tmp_path / "one-stream", 20)  # the comparison can fail: other data, other weights
     ddp, _ = weights(tmp_path / "ddp", 20)
     assert not all(torch.allclose(ddp[k], other[k], atol=1e-4) for k in ddp)
     # one config.toml recording the two shards; one metrics line per log step, the mean loss of both
-    assert assembly.load(tmp_path / "ddp" / "config.toml").data.shards == 2
+    assert new_run_config(tmp_path / "ddp" / "config.toml").data.shards == 2
     rows = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
             for run in ("ddp", "one")]
     assert [r["step"] for r in rows[0]] == [5, 10, 15, 20]
@@ -95,15 +95,15 @@ def test_killed_data_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path,
     saved = int(pointer.read_text().split("_")[1])
     assert 50 <= saved < 300, "the run finished before it could be killed; make it longer"
     run(torchrun("train", "--resume", "--out", str(killed), "--no-progress"))
-    train(assembly.load(None, sets + ["data.shards=2"]), tmp_path / "whole", progress=False)
+    train(new_run_config(None, sets + ["data.shards=2"]), tmp_path / "whole", progress=False)
     assert_same_training(killed, tmp_path / "whole", 300)
     steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(5, 301, 5))  # lines after the checkpoint dropped, none logged twice
 
 
 def test_one_shard_is_the_stream_of_a_run_before_shards_existed():
-    cfg = assembly.load(None, TINY + ["data.position_transform=random_offset",
-                                     "data.position_transform_options.max_position=64"])
+    cfg = new_run_config(None, TINY + ["data.position_transform=random_offset",
+                                       "data.position_transform_options.max_position=64"])
     task, transform = get_task("copy"), build_transform("random_offset", {"max_position": 64})
     (batch,) = draw_batches(cfg, task, transform, 0, 4, torch.Generator().manual_seed(0), range(1))
     old = torch.Generator().manual_seed(0)  # what the trainer drew before: sample, then transform, from one stream
@@ -112,7 +112,7 @@ def test_one_shard_is_the_stream_of_a_run_before_shards_existed():
 
 
 def test_a_shard_depends_on_the_seed_the_shard_and_the_step_only():
-    cfg = assembly.load(None, TINY + ["data.shards=4", "data.seed=3"])
+    cfg = new_run_config(None, TINY + ["data.shards=4", "data.seed=3"])
     task, none = get_task("copy"), build_transform("none", {})
     every = draw_batches(cfg, task, none, 7, 4, None, range(4))
     assert [len(b) for b in every] == [2, 2, 2, 2]
@@ -127,13 +127,13 @@ def test_a_shard_depends_on_the_seed_the_shard_and_the_step_only():
 
 
 def test_shards_must_split_among_the_processes(capsys):
-    one = assembly.load(None, TINY)
+    one = new_run_config(None, TINY)
     assert Ranks(rank=0, world=2).sharded(one, resume=False).data.shards == 2  # one shard per process
     assert "data.shards set to 2" in capsys.readouterr().out
     assert one.data.shards == 1  # the caller's config is not changed
     with pytest.raises(UserError, match=r"data.shards \(1\) must be a multiple of the 2 processes"):
         Ranks(rank=0, world=2).sharded(one, resume=True)  # a resumed run keeps its data stream
     with pytest.raises(UserError, match=r"data.shards \(2\) must be a multiple of the 4 processes"):
-        Ranks(rank=0, world=4).sharded(assembly.load(None, TINY + ["data.shards=2"]), resume=False)
+        Ranks(rank=0, world=4).sharded(new_run_config(None, TINY + ["data.shards=2"]), resume=False)
     with pytest.raises(UserError, match="divide train.batch_size"):
-        assembly.load(None, TINY + ["data.shards=3"])
+        new_run_config(None, TINY + ["data.shards=3"])

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from lengthgen.runtime import checkpoint
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import ConfigError
 from lengthgen.tasks import get_task
 from lengthgen.training.finite_set import FiniteSet, training_set
@@ -58,13 +58,13 @@ def test_the_set_follows_the_tasks_law():
 
 
 def tiny(*extra):
-    return assembly.load(None, ["task.name=decimal_addition", "task.train_max=4", "task.options.coupled=true",
-                               "model.position=learned", "model.max_positions=16", "model.d_model=16",
-                               "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "data.dataset_size=20",
-                               "data.position_transform=random_offset",
-                               "data.position_transform_options={max_position=12, keep_zero=true}",
-                               "train.steps=12", "train.checkpoint_interval=6", "train.log_interval=3",
-                               "train.device=cpu", *extra])
+    return new_run_config(None, ["task.name=decimal_addition", "task.train_max=4", "task.options.coupled=true",
+                                 "model.position=learned", "model.max_positions=16", "model.d_model=16",
+                                 "model.n_layer=1", "model.n_head=2", "train.batch_size=8", "data.dataset_size=20",
+                                 "data.position_transform=random_offset",
+                                 "data.position_transform_options={max_position=12, keep_zero=true}",
+                                 "train.steps=12", "train.checkpoint_interval=6", "train.log_interval=3",
+                                 "train.device=cpu", *extra])
 
 
 def test_a_resumed_run_reads_the_same_batches(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from lengthgen.runtime import checkpoint
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import new_run_config
 from lengthgen.config.schema import to_toml
 from lengthgen.errors import UserError
 from lengthgen.reproduction.jobs import config_difference
@@ -27,7 +27,7 @@ TIMING = ("time", "samples_per_s")  # measured, so they differ between two runs 
 
 
 def tiny(*extra: str):
-    return assembly.load(None, TINY + list(extra))
+    return new_run_config(None, TINY + list(extra))
 
 
 def metrics(folder: Path) -> list[dict]:
@@ -149,7 +149,7 @@ def test_without_the_trackers_nothing_changes_unless_one_is_asked_for(tmp_path, 
 
 
 def test_log_to_is_checked_and_changes_no_result(tmp_path):
-    assert assembly.load(None).train.log_to == ["jsonl"]  # a config.toml written before the key loads as before
+    assert new_run_config(None).train.log_to == ["jsonl"]  # a config.toml written before the key loads as before
     with pytest.raises(UserError, match=r"train.log_to names 'tensorbord' \(did you mean tensorboard\?\)"):
         tiny('train.log_to=["jsonl", "tensorbord"]')
     # where a run logs is not what it computes: a reproduction does not take it for another config

@@ -9,35 +9,36 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lengthgen import assembly
+from lengthgen.assembly.runs import Run, new_run_config
 from lengthgen.errors import ConfigError, TrainingDiverged, UserError
-from lengthgen.evaluation.evaluate import accuracy_at, load_run
-from lengthgen.methods.registry import NextTokenPrediction
+from lengthgen.evaluation.evaluate import Measure, accuracy_at, load_run
+from lengthgen.evaluation.settings import EvalSettings
+from lengthgen.methods.next_token import NextTokenPrediction
 from lengthgen.tasks import get_task
 from lengthgen.config.schedules import curriculum_end, curriculum_max, learning_rate
 from lengthgen.training.run_state import decay_params
 from lengthgen.training.trainer import sample_batch, train
-from tiny_runs import killed_after
+from tests.helpers.tiny_runs import killed_after
 
 TINY = ["model.d_model=16", "model.n_layer=1", "model.n_head=2", "task.name=copy", "task.train_max=4",
         "train.batch_size=8", "train.log_interval=5", "train.device=cpu"]
 
 
 def tiny(*extra: str):
-    return assembly.load(None, TINY + list(extra))
+    return new_run_config(None, TINY + list(extra))
 
 
 @pytest.mark.slow
 def test_tiny_run_learns_copy(tmp_path):
     """A small RoPE decoder must copy perfectly at its training lengths."""
-    cfg = assembly.load(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
+    cfg = new_run_config(None, ["task.name=copy", "task.train_max=6", "model.d_model=64", "model.n_layer=2",
                              "model.position=rope", "train.steps=600", "optim.lr=0.002", "optim.warmup_steps=50",
                              "train.log_interval=100", "train.checkpoint_interval=600", "train.device=cpu"])
     train(cfg, tmp_path / "run", progress=False)
     _, task, method, model, step = load_run(tmp_path / "run")
     assert step == 600
     for n in (3, 6):
-        acc, *_ = accuracy_at(task, method, model, n, 256, 256, seed=7, device=torch.device("cpu"))
+        acc, *_ = accuracy_at(Measure(method, model, 256, 256, seed=7, device=torch.device("cpu")), task, n)
         assert acc >= 0.95, (n, acc)
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert losses[-1] < 0.1 * losses[0]
@@ -190,10 +191,10 @@ def test_bf16_training_is_refused_where_the_device_lacks_it(tmp_path, monkeypatc
     monkeypatch.setattr(evaluate, "autocast", lambda device, precision: used.append(precision) or torch.autocast(
         device.type, enabled=False))
     monkeypatch.setattr(evaluate, "native_bf16", lambda device: False)
-    evaluate.evaluate_run(tmp_path / "run", [3], samples=8, progress=False)
+    evaluate.evaluate_run(tmp_path / "run", EvalSettings(lengths=[3], samples=8, progress=False))
     assert used == ["fp32"]
     monkeypatch.setattr(evaluate, "native_bf16", lambda device: True)
-    evaluate.evaluate_run(tmp_path / "run", [3], samples=8, progress=False)
+    evaluate.evaluate_run(tmp_path / "run", EvalSettings(lengths=[3], samples=8, progress=False))
     assert used == ["fp32", "bf16"]
 
 
@@ -220,7 +221,7 @@ def test_a_hook_runs_when_due_on_the_tested_weights_and_its_values_join_the_log(
     folder = tmp_path / "run"
     folder.mkdir()
     device = pick_device("cpu")
-    run = assembly.assembled(cfg)
+    run = Run.from_checked(cfg)
     state = RunState.start(cfg, run.method, run.task, device)
     hook = EveryThird()
     Trainer(run, folder, state, Ranks(), device, [hook]).run(progress=False)

@@ -1,1 +1,1 @@
-"""Looped Transformers: the block, its stop rules, the passes they read, the halting heads."""
+"""Looped Transformers: the block, the looped methods, their stop rules, the passes they read, the halting heads."""

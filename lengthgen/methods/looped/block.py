@@ -186,7 +186,7 @@ def _logits_prefix(model: LoopedTransformer, batch: Batch, pack: bool = True) ->
 
 def fixed_shape_loss(model: LoopedTransformer, batch: Batch, iterations: int, step_loss=None) -> Tensor:
     """The "max" scheme's loss with every row run `iterations` (>= the batch's largest T_i) times:
-    shapes and loop count fixed, no host sync, so a CUDA graph can hold it (lengthgen.training.captured).
+    shapes and loop count fixed, no host sync, so a CUDA graph can hold it (lengthgen.accel.captured).
     `step_loss(model, batch, states)` adds a loss on the states of every iteration
     (lengthgen.methods.looped.fixed_steps)."""
     states = [] if step_loss is not None else None

@@ -1,11 +1,11 @@
 """The trained stops' losses on every iteration, at fixed shapes: what a captured step records
-(lengthgen.training.captured) for `looped-halt`, `looped-clock` and `looped-uncertain`.
+(lengthgen.accel.captured) for `looped-halt`, `looped-clock` and `looped-uncertain`.
 
 The packed losses (lengthgen.methods.looped.halting) follow the prefix scheme: at iteration t
 only the rows still running are computed, and which rows those are is read on the host. Here
 every row runs every iteration on states (B, W, D), and masks say which (sample, t) pairs count:
 the same pairs, the same means, so the same values to float rounding
-(tests/training/test_captured.py walks every capturable method). Iterations past a sample's
+(tests/accel/test_captured.py walks every capturable method). Iterations past a sample's
 T_i, which a bucket's loop count adds, count for nothing.
 """
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The authors' released code run at lengthgen's budgets (benchmarks/README.md)."""

@@ -1,0 +1,1 @@
+"""What a whole reproduction would cost (benchmarks/README.md)."""

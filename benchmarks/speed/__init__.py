@@ -1,0 +1,1 @@
+"""Measurements of what a step costs today (benchmarks/README.md)."""

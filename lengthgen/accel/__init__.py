@@ -1,0 +1,15 @@
+"""Fast paths: the same arithmetic as the model and the trainer, run faster.
+
+- backends.py: faster kernels for the model's dense attention (installed here, on import)
+- narrow_attention.py (+ .c): causal attention for heads <= 8 wide on one CPU thread, in C
+- compiling.py: torch.compile of the blocks, and of a fixed-shape step whole; its cache folder
+- captured.py: training steps recorded as CUDA graphs, one per shape bucket
+- stacked.py: seeds of one config stacked into one model under vmap
+- hook.py: `FastPaths`, the one object through which the trainer reaches all of the above
+
+Nothing below this package imports it (tests/test_architecture.py): the model holds the math, and
+each path here is checked equal to it in tests/accel/.
+"""
+from lengthgen.accel import backends
+
+backends.install()
