@@ -10,6 +10,9 @@ SDPA to float tolerance; elsewhere it returns None and the next one, or SDPA, ru
   GPU paths are unchanged.
 - `narrow_heads`: fp32 heads <= 8 wide on one CPU thread: narrow_attention.py's C kernel, 2-4x
   faster than SDPA there (its docstring says why).
+
+And the content schemes' whole attention fused for training on CUDA (`fuse_attention`, installed
+as lengthgen.model.content_attention.FUSER).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 from torch import Tensor
 
 from lengthgen.accel import narrow_attention
+from lengthgen.model import content_attention
 from lengthgen.model.attention import BACKENDS, NO_DROPOUT, AttentionDropout, mask_of
 
 stacking = False  # True while lengthgen.accel.stacked runs its seeds under vmap (`stacked_seeds`)
@@ -89,8 +93,19 @@ def narrow_heads(q, k, v, bias, dropout, causal):
     return narrow_attention.attend(q, k, v)  # (B, H, T, Dh)
 
 
+def fuse_attention(attention):
+    """A content scheme's attention compiled by inductor: its chain of elementwise passes over
+    (B, H, T, T) scores (TRA: nine, and a scan) becomes a few kernels, where on CUDA each pass costs
+    a launch and a trip through memory (TRA's eager step was 2.9x RoPE's on an H200;
+    docs/benchmarks.md). Equal to the eager function to float rounding
+    (tests/accel/test_fused_attention.py, on CPU, where inductor compiles C++). A shape that
+    changes becomes dynamic at its first recompile."""
+    return torch.compile(attention)
+
+
 def install() -> None:
-    """Put the kernels in the model's list, once per process."""
+    """Put the kernels in the model's list, and the fuser in its content attention, once per process."""
     for backend in (stacked_bias, low_precision_cpu, narrow_heads):
         if backend not in BACKENDS:
             BACKENDS.append(backend)
+    content_attention.FUSER = fuse_attention

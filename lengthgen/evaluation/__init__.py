@@ -1,1 +1,2 @@
-"""Evaluation: exact match per length, perplexity and per-token losses, dependence sparsity, tests during training."""
+"""Evaluation: exact match per length (evaluate.py, its options as one object in settings.py),
+perplexity and per-token losses, dependence sparsity, position scaling, tests during training."""

@@ -157,18 +157,20 @@ def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, chunk: int = 0, dr
 
 ATTENTIONS = {"tra": tra_attention, "cope": cope_attention, "fox": fox_attention,
               "stickbreaking": stick_breaking_attention}
+# How a content scheme's attention is fused for training on CUDA: a function from the eager
+# attention to an equal, faster one (lengthgen.accel installs inductor's); None: eager everywhere.
+FUSER = None
 _FUSED: dict = {}
 
 
 def fused(name: str):
-    """The attention `name` of ATTENTIONS compiled by inductor, once per process: its chain of
-    elementwise passes over (B, H, T, T) scores (TRA: nine, and a scan) becomes a few kernels. The
-    schemes use it for training on CUDA, where those passes each cost a launch and a trip through
-    memory (TRA's eager step was 2.9x RoPE's on an H200; docs/benchmarks.md); evaluation, whose
-    lengths change from call to call, and recording stay eager. Equal to the eager function to
-    float rounding (tests/model/test_fused_attention.py, on CPU, where inductor compiles C++)."""
+    """The attention `name` of ATTENTIONS as FUSER makes it, once per process, or the eager one
+    where no fuser is installed. The schemes use it for training on CUDA (`fuses`); evaluation,
+    whose lengths change from call to call, and recording stay eager."""
+    if FUSER is None:
+        return ATTENTIONS[name]
     if name not in _FUSED:
-        _FUSED[name] = torch.compile(ATTENTIONS[name])  # a shape that changes becomes dynamic at its first recompile
+        _FUSED[name] = FUSER(ATTENTIONS[name])
     return _FUSED[name]
 
 

@@ -1,9 +1,11 @@
-"""The content schemes' fused attention (content_attention.fused, used for training on CUDA)
-equals the eager functions, forward and backward, compiled here by inductor's CPU path."""
+"""The content schemes' fused attention (content_attention.fused with lengthgen.accel's fuser,
+used for training on CUDA) equals the eager functions, forward and backward, compiled here by
+inductor's CPU path."""
 
 import pytest
 import torch
 
+import lengthgen.accel  # noqa: F401 (installs the fuser)
 from lengthgen.model import content_attention as ca
 from lengthgen.model.attention import NO_DROPOUT
 
@@ -28,6 +30,7 @@ def arguments(name, q, k, v, gate):
 @pytest.mark.slow  # compiles four functions
 @pytest.mark.parametrize("name", sorted(ca.ATTENTIONS))
 def test_fused_attention_is_the_eager_attention(name):
+    assert ca.fused(name) is not ca.ATTENTIONS[name]  # compiled, not the eager function again
     results = []
     for attention in (ca.ATTENTIONS[name], ca.fused(name)):
         tensors = inputs()
