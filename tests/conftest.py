@@ -1,3 +1,4 @@
+import os
 import sys
 
 import pytest
@@ -5,6 +6,10 @@ import torch
 
 # Tiny models run fastest on one thread, and a shared 2-core machine stays responsive.
 torch.set_num_threads(1)
+# Ray starts its workers at nice 15: beside two busy processes they got so little of the CPU that
+# importing torch in one took 49-74 s, and a toy grid on Ray 99 s instead of 6 (2 cores, 2026-12-07).
+# Inherited by the Ray instances that tests start, in this process or in a subprocess.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def pytest_collection_modifyitems(items):

@@ -26,7 +26,7 @@ import torch
 from lengthgen.config.schema import DEVICE_PATTERN, parse_lengths
 from lengthgen.errors import ResourceError, UserError
 from lengthgen.evaluation.bounds import TOKEN_FACTOR, check_count
-from lengthgen.evaluation.evaluate import load_assembled
+from lengthgen.evaluation.evaluate import latest_state, load_assembled
 from lengthgen.runtime.devices import pick_device
 from lengthgen.runtime.resources import available_memory
 from lengthgen.tasks import EOS, IGNORE, PAD, Batch
@@ -247,6 +247,21 @@ if register_model is not None:
     register_model("lengthgen")(LengthgenLM)
 
 
+def named_run(argv: list[str]) -> str | None:
+    """RUN of `--model lengthgen --model_args run=RUN,...` in lm_eval's arguments, else None."""
+    values = {}
+    for i, arg in enumerate(argv):
+        for flag in ("--model", "--model_args"):
+            if arg == flag and i + 1 < len(argv):
+                values[flag] = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                values[flag] = arg[len(flag) + 1:]
+    if values.get("--model") != "lengthgen":
+        return None
+    pairs = (item.split("=", 1) for item in values.get("--model_args", "").split(",") if "=" in item)
+    return dict(pairs).get("run")
+
+
 def main() -> int:
     """lm_eval's command line with the model "lengthgen" registered."""
     if register_model is None:
@@ -255,6 +270,9 @@ def main() -> int:
     from lm_eval.__main__ import cli_evaluate
 
     try:
+        run = named_run(sys.argv[1:])
+        if run:
+            latest_state(Path(run))  # a missing or broken run: refused before lm_eval indexes its tasks (seconds)
         cli_evaluate()
     except (UserError, ResourceError) as err:  # a bad --model_args, a missing device: one line
         print(f"error: {err}", file=sys.stderr)

@@ -57,11 +57,11 @@ def test_every_run_of_every_grid_loads(paper):
         for task in spec["tasks"]:
             if hub_corpus(g.preset(scale, task)):  # needs the network; loaded on local copies in test_sparsity_lm.py
                 continue
-            configs = {}
+            configs, name = {}, new_run_config(g.preset(scale, task)).task.name
             for arm in g.arms_of(scale, task):
                 for values in config.option_combinations(g.axes(scale, task)):
                     cfg = new_run_config(g.preset(scale, task), grid.arm_overrides(g, scale, task, arm, values))
-                    assert cfg.task.name == new_run_config(g.preset(scale, task)).task.name
+                    assert cfg.task.name == name
                     configs[(arm, tuple(values.items()))] = config.to_dict(cfg)
             assert len({repr(c) for c in configs.values()}) == len(configs), (scale, task)
 

@@ -173,3 +173,11 @@ def test_cuda_without_cuda_is_one_line(text_run):
     """(the command line turns the model's UserError into one line: test_the_command_line_names_a_missing_run...)"""
     with pytest.raises(UserError, match="--device 'cuda' requested but CUDA is not available"):
         LengthgenLM(run=str(text_run / "run"), device="cuda")
+
+
+def test_the_run_is_read_from_lm_evals_arguments_for_the_lengthgen_model_only():
+    from lengthgen.export.harness import named_run
+    assert named_run(["run", "--model", "lengthgen", "--model_args", "run=/a/b,window=4"]) == "/a/b"
+    assert named_run(["--model=lengthgen", "--model_args=window=4,run=x"]) == "x"
+    assert named_run(["--model", "lengthgen", "--model_args", "window=4"]) is None
+    assert named_run(["--model", "hf", "--model_args", "run=x"]) is None
