@@ -74,7 +74,9 @@ def table(header: list[str], lines: list[list[str]]) -> list[str]:
 
 def ours(spec: dict, cells: dict, tasks: list[tuple[str, str]]) -> list[str]:
     run = {arm for _, arm in cells}
-    arms = [arm for arm in spec.get("columns") or sorted(run) if arm in run]  # an arm not run has no column
+    listed = spec.get("columns") or []
+    # the listed arms in their order (one not run has no column), then any other arm that ran (--arms)
+    arms = [arm for arm in listed if arm in run] + sorted(run - set(listed))
     best = spec.get("best", {})
     names = spec.get("names", {})
     columns = [(arm, [arm]) for arm in arms] + [(f"{label} (best)", list(of)) for label, of in best.items()

@@ -42,6 +42,16 @@ def test_cells_are_the_best_run_then_the_mean_of_the_best_series():
     assert "Someone (2023), Table 2" in text and "| R | Parity | 52.0 |" in text
 
 
+def test_an_arm_the_columns_do_not_list_gets_a_column_after_them():
+    """`reproduce --arms` may run arms the grid's table does not list (new schemes): each gets its
+    own column after the listed ones, where it had none (the table was left empty)."""
+    rows = rows_of("parity", "z", {0: [0.5, 0.5]}) + rows_of("parity", "c", {0: [0.8, 0.8]})
+    text = "\n".join(section(SPEC, rows))
+    assert "| level | task | c | z |" in text and "| R | Parity | 80.0 (80.0, 1) | 50.0 (50.0, 1) |" in text
+    text = "\n".join(section(SPEC, rows + rows_of("parity", "b", {0: [0.2, 0.2]})))
+    assert "| level | task | b | c | z | A or B (best) |" in text  # listed first, then the others
+
+
 def test_no_task_of_the_table_run_and_a_bad_spec():
     assert "no main table" in section(SPEC, rows_of("other", "a", {0: [1.0, 1.0]}))[0]
     with pytest.raises(UserError, match="groups"):
