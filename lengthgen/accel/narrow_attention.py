@@ -3,8 +3,9 @@
 Why: the CPU presets run 4 to 64 heads of width 4, where SDPA's flash kernel spends its time on
 per-(row, head) bookkeeping; in the looped Parity CPU preset it was 43 % of a training step, and
 every other torch path was slower still (docs/benchmarks.md, "Heads of width 4"). This kernel
-keeps the heads innermost, so they are the SIMD lanes, and is 2-4x faster than SDPA, forward and
-backward, at those shapes (`benchmarks/decisions/attention_paths.py --narrow`). Wider heads (16: 3x slower
+keeps the heads innermost, so they are the SIMD lanes, written with the compiler's vector types, and
+is 4-6x faster than SDPA, forward and backward, at those shapes (`benchmarks/decisions/attention_paths.py
+--narrow`; twice as fast as the first, auto-vectorised version, which gcc left scalar at 16 heads). Wider heads (16: 3x slower
 here) and more threads stay with SDPA, which is built for them.
 
 The C file is compiled once per machine with the system's C compiler (`cc`, or $CC) into
@@ -14,7 +15,7 @@ not run on another CPU. Without a compiler, or if the build fails, attention sta
 one line says why. `LENGTHGEN_NARROW_ATTENTION=0` turns the kernel off; `enabled` (below) does
 the same in-process (the benchmarks compare both paths in one run).
 
-It is `-ffast-math` code (vectorised exp and reassociated sums): it agrees with SDPA to about
+It is `-ffast-math` code with its own vector exp (a polynomial, about 2 ulp): it agrees with SDPA to about
 1e-6 (tests/accel/test_narrow_attention.py), not bit for bit. It is compiled and linked in two
 steps so the shared library does not carry gcc's crtfastmath, which would switch the whole
 process to flush-to-zero arithmetic when loaded.

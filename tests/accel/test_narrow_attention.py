@@ -44,6 +44,21 @@ def test_attention_and_its_gradients_equal_sdpa_in_float64(kernel, B, H, T, D):
         assert torch.allclose(a.double(), b, atol=1e-5), (a.double() - b).abs().max()
 
 
+def test_sharp_attention_equals_sdpa_where_the_kernels_exp_clamps_far_below_the_max(kernel):
+    # scores 100s apart: exp of a difference below -87 is clamped to e^-87 (1.6e-38) in the
+    # kernel's vector exp; the softmax must still equal SDPA's, forward and backward
+    q, k, v = (t.requires_grad_() for t in qkv_views(2, 16, 20, 4, seed=3))
+    want = F.scaled_dot_product_attention(q * 60, k, v, is_causal=True)
+    grad = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (q, k, v), grad)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    got = narrow_attention.attend(q32 * 60, k32, v32)
+    got_grads = torch.autograd.grad(got, (q32, k32, v32), grad.float())
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    for a, b in zip(got_grads, want_grads):
+        assert torch.allclose(a.double(), b, atol=2e-4, rtol=1e-4), (a.double() - b).abs().max()
+
+
 def test_a_query_never_sees_a_later_key(kernel):
     q, k, v = qkv_views(2, 16, 10, 4, torch.float32)
     before = narrow_attention.attend(q, k, v)
