@@ -48,10 +48,12 @@ def test_unknown_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     (["report", "no/such/dir"], "does not exist"),
     (["reproduce", "looped", "--threads", "-1", "--out", "no/such/out"], "--threads >= 0"),
 ])
-def test_bad_input_is_one_line_exit_2(args, needle, capsys):
+def test_bad_input_is_one_line_exit_2(args, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the relative paths above resolve here
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+    assert not list(tmp_path.iterdir())  # nothing written: not even the parent of a folder that is not there
 
 
 def test_train_eval_report_round_trip(tmp_path, capsys):

@@ -24,8 +24,8 @@ from lengthgen.reporting.across_tasks import section as across_tasks_section
 from lengthgen.reporting.levels import section as levels_section
 from lengthgen.reporting.compare import check_threshold, compare_section, parse_arms, seeds_section
 from lengthgen.reporting.statistics import DEFAULT_THRESHOLD
-from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, series_labels, short_name,
-                                        task_view)
+from lengthgen.reporting.series import (aggregate, at_multiple, collect, collect_per_step, eval_files, series_labels,
+                                        short_name, task_view)
 from lengthgen.runtime.run_folders import REPORT_MARK, OutLock, check_overwritable
 
 DEFAULT_LAYOUT = {"summary": [1.5, 2.0], "figures": ["accuracy_vs_length", "accuracy_vs_iteration"]}
@@ -162,6 +162,8 @@ def write_report(paths: list[Path], out: Path, title: str = "lengthgen report", 
     or a training of that folder is refused in one line), unless the caller `held` its lock already."""
     if held:
         return write_held(paths, out, title, command, failures, layout)
+    for path in paths:  # a missing input is refused before the lock, whose file would create out's parent
+        eval_files(Path(path))
     with OutLock(out):
         return write_held(paths, out, title, command, failures, layout)
 

@@ -35,19 +35,25 @@ KEYS = ("task", "arm", "method", "position", "stop")  # columns every row has th
 STEP_VALUES = ("iteration", "accuracy", "confidence", "oracle_step")  # per_step.csv's measured columns
 
 
+def eval_files(path: Path) -> list[Path]:
+    """The eval.csv files a report reads from `path` (one, or every one under a folder); refused in
+    one line when there are none."""
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(path.rglob("eval.csv"))
+    else:  # missing, a dangling link, a FIFO, a device: said as what it is
+        raise UserError(f"{path} {path_problem(path, 'run folder or eval.csv')}")
+    if not files:
+        raise UserError(f"no eval.csv under {path} (run `lengthgen eval RUN_DIR` first)")
+    return files
+
+
 def collect(paths: list[Path]) -> list[dict]:
     """Rows of every eval.csv in the given run folders, CSV files or folders of runs."""
     rows = []
     for path in map(Path, paths):
-        if path.is_file():
-            files = [path]
-        elif path.is_dir():
-            files = sorted(path.rglob("eval.csv"))
-        else:  # missing, a dangling link, a FIFO, a device: said as what it is
-            raise UserError(f"{path} {path_problem(path, 'run folder or eval.csv')}")
-        if not files:
-            raise UserError(f"no eval.csv under {path} (run `lengthgen eval RUN_DIR` first)")
-        for f in files:
+        for f in eval_files(path):
             got = read_rows(f)
             if not got:
                 raise UserError(f"{f} holds no result rows (evaluate the run again or leave it out)")
