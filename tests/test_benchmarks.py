@@ -271,3 +271,14 @@ def test_the_cpu_benchmark_times_a_model_without_a_fixed_shape_loss_eagerly(monk
     assert saved["case"] == "tiny" and saved["eager ms"] > 0 and saved["timings"]["eager"]["n"] == 1
     with pytest.raises(SystemExit):
         cpu_presets.main(["--cases", "nonexistent"])
+
+
+def test_the_cpu_benchmark_says_when_the_authors_step_cannot_run(capsys, tmp_path):
+    from benchmarks.speed import cpu_presets
+    cpu_presets.main(["--steps", "1", "--cases", "", "--authors", str(tmp_path / "nowhere"),
+                      "--json", str(tmp_path / "cpu.json")])
+    out = capsys.readouterr().out
+    assert "| parity |" in out and "| addition |" in out and "authors' step not run" in out
+    saved = json.loads((tmp_path / "cpu.json").read_text())["results"]
+    assert saved["rows"] == [] and [r["task"] for r in saved["authors"]] == ["parity", "addition"]
+    assert all("not found" in r["note"] for r in saved["authors"])

@@ -138,6 +138,35 @@ def measure(path: Path, task: str = "parity", device: str = "cuda", steps: int =
 
 
 def _measure(path, task, device, steps, warmup, length, include_data, seed) -> dict:
+    import torch
+
+    with authors_training(path, task, device, length, seed) as (step, batch, sync, info):
+        if str(ROOT) not in sys.path:
+            sys.path.append(str(ROOT))  # after their src/: their module names win where they clash
+        from benchmarks.common.timing import alternate
+        # each step on its own clock, synchronised on both sides (their loop reads the device 64
+        # times a step anyway); include_data=False draws each batch outside the clock
+        timed = alternate({"authors": step}, steps, warmup, draw=None if include_data else batch, sync=sync)
+        stats, last = timed["authors"], timed.last["authors"]
+    return {"ms": 1000 * stats.median, "q1_ms": 1000 * stats.q1, "q3_ms": 1000 * stats.q3, "task": task,
+            "device": device, "steps": steps, "warmup": warmup, **info,
+            "include_data": include_data, "last": last, "torch": torch.__version__}
+
+
+@contextlib.contextmanager
+def authors_training(path: Path, task: str = "parity", device: str = "cpu", length: int | None = None,
+                     seed: int = 0):
+    """Their model, optimizer and loop body, set up as their train() sets them up, in this process
+    (their src/ first on sys.path meanwhile): yields (step, batch, sync, info). `step(drawn=None)`
+    takes one training step on `drawn` (a `batch()`) or on a batch it draws itself, as their loop
+    does; `sync()` waits for the device; `info` says what was built. Arguments as authors_step's."""
+    with _on_path(path):
+        with _their_training(path, task, device, length, seed) as built:
+            yield built
+
+
+@contextlib.contextmanager
+def _their_training(path, task, device, length, seed):
     import numpy as np
     import torch
     import torch.nn as nn
@@ -162,8 +191,8 @@ def _measure(path, task, device, steps, warmup, length, include_data, seed) -> d
         raise RuntimeError("CUDA is not available")
 
     # Their code calls .cuda() on the model and on every batch. Off CUDA, Tensor.cuda and
-    # Module.cuda are patched to .to(device) for the duration of this function only (restored in
-    # `finally`), so that the loop body below stays theirs verbatim.
+    # Module.cuda are patched to .to(device) while the block runs (restored in `finally`), so
+    # that the loop body below stays theirs verbatim.
     saved = (torch.Tensor.cuda, nn.Module.cuda)
     if dev.type != "cuda":
         torch.Tensor.cuda = lambda self, *a, **k: self.to(dev)
@@ -217,20 +246,11 @@ def _measure(path, task, device, steps, warmup, length, include_data, seed) -> d
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 
-        if str(ROOT) not in sys.path:
-            sys.path.append(str(ROOT))  # after their src/: their module names win where they clash
-        from benchmarks.common.timing import alternate
-        # each step on its own clock, synchronised on both sides (their loop reads the device 64
-        # times a step anyway); include_data=False draws each batch outside the clock
-        timed = alternate({"authors": step}, steps, warmup, draw=None if include_data else batch, sync=sync)
-        stats, last = timed["authors"], timed.last["authors"]
+        yield step, batch, sync, {
+            "n_points": n_points, "horizon": n_points + 2, "batch_size": bsize,
+            "n_layer": model_conf["n_layer"], "n_head": model_conf["n_head"], "n_embd": model_conf["n_embd"]}
     finally:
         torch.Tensor.cuda, nn.Module.cuda = saved
-    return {"ms": 1000 * stats.median, "q1_ms": 1000 * stats.q1, "q3_ms": 1000 * stats.q3, "task": task,
-            "device": str(dev), "steps": steps, "warmup": warmup, "n_points": n_points, "horizon": n_points + 2,
-            "batch_size": bsize,
-            "n_layer": model_conf["n_layer"], "n_head": model_conf["n_head"], "n_embd": model_conf["n_embd"],
-            "include_data": include_data, "last": last, "torch": torch.__version__}
 
 
 # ---------------------------------------------------------------- in a fresh process

@@ -18,8 +18,16 @@ alone, as training runs them.
 With --profile CASE it prints instead where one eager step of that case spends its time (torch
 profiler: the operators by their own time, and how many aten operators the step dispatches).
 
+With --authors PATH (the folder benchmarks/authors/looped_tf.py describes: looped-tf/src and its
+dependency folder) it also times the looped Parity and Addition paper steps against the authors'
+released step, in this process, taking turns: lengthgen's is the trainer's eager step of
+looped/paper/<task> at the curriculum's end, theirs the body of their training loop at their final
+curriculum length (the same longest length), each drawing its own batch of lengths mixed from 1,
+as each loop does. --threads sets both sides' torch threads.
+
     python benchmarks/speed/cpu_presets.py [--steps 8] [--threads 1] [--cases looped-parity,ntp-parity]
     python benchmarks/speed/cpu_presets.py --profile looped-parity
+    python benchmarks/speed/cpu_presets.py --cases '' --authors .authors --steps 6 [--threads 2]
 """
 from __future__ import annotations
 
@@ -129,6 +137,39 @@ def profile(name: str) -> dict:
             "self_ms": {e.key: e.self_cpu_time_total / 1000 for e in top}}
 
 
+PAPER = {"parity": "looped/paper/parity", "addition": "looped/paper/addition"}
+
+
+def against_authors(folder: str, steps: int) -> list[dict]:
+    """lengthgen's looped paper steps against the authors', taking turns (see the docstring above)."""
+    from benchmarks.authors.looped_tf import authors_available, authors_training
+    path = Path(folder) / "looped-tf"
+    why = authors_available(path, isolated=False)
+    if why:
+        return [{"task": task, "note": f"authors' step not run: {why}"} for task in PAPER]
+    rows = []
+    for task, preset in PAPER.items():
+        run = new_run(preset, ["train.device=cpu"])
+        ours = TrainerStep(run, torch.device("cpu"), capture=False, compile=False)
+        with authors_training(path, task, "cpu", length=run.cfg.task.train_max) as (theirs, _, _, info):
+            timings = alternate({"lengthgen": lambda: ours(), "authors": lambda: theirs()}, steps, warmup=2)
+        rows.append({"task": task, "preset": preset, "length": run.cfg.task.train_max, "authors": info,
+                     "lengthgen ms": 1000 * timings.median("lengthgen"), "authors ms": 1000 * timings.median("authors"),
+                     "speed-up": timings.ratio("authors", "lengthgen"), "timings": timings.as_dict(1000)})
+        print(f"{task} paper step against the authors': done", file=sys.stderr, flush=True)
+    return rows
+
+
+def authors_table(rows: list[dict], threads: int) -> str:
+    lines = [f"| paper step ({threads} thread(s)) | longest length | lengthgen ms | authors' ms | speed-up |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['task']} | {r.get('length', '')} | " + (
+            f"{r['lengthgen ms']:.0f} | {r['authors ms']:.0f} | {r['speed-up']:.2f}x |" if "speed-up" in r
+            else f" | | {r['note']} |"))
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| case | preset | eager ms | compiled ms | speed-up | compile s | losses agree |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -146,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (a reproduction's --threads)")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     p.add_argument("--profile", metavar="CASE", help="profile one eager step of CASE instead")
+    p.add_argument("--authors", metavar="PATH", help="also time the looped paper steps against the authors' "
+                   "released step (PATH holds looped-tf: benchmarks/authors/looped_tf.py)")
     p.add_argument("--cold", action="store_true",
                    help="compile into an empty inductor cache (a fresh machine's compile time); else lengthgen's")
     records.add_arguments(p)
@@ -169,9 +212,14 @@ def main(argv: list[str] | None = None) -> None:
         if args.cold:  # hundreds of MB of kernels no later run will read
             shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     cache = "an empty inductor cache" if args.cold else "the inductor cache as it was"
-    print(f"{args.steps} steps each way, {args.threads} thread(s), at each preset's longest training length, {cache}")
-    print(table(rows))
-    records.write(__file__, args, {"rows": rows}, device="cpu")
+    results = {"rows": rows}
+    if rows:
+        print(f"{args.steps} steps each way, {args.threads} thread(s), at each preset's longest training length, {cache}")
+        print(table(rows))
+    if args.authors:
+        results["authors"] = against_authors(args.authors, args.steps)
+        print(authors_table(results["authors"], args.threads))
+    records.write(__file__, args, results, device="cpu")
 
 
 if __name__ == "__main__":
