@@ -1,4 +1,4 @@
-"""Decided 2026-12-07: AdamW on CPU is the fused one (one kernel over all the weights), about 3x faster at the CPU presets' sizes.
+"""Decided 2026-12-07: AdamW stays torch's default on CPU; the fused one is about 3x faster but saves 1-2 % of a step.
 
 For each CPU preset of benchmarks/speed/cpu_presets.py: its model's weights, two copies, each with
 the AdamW a run builds (lengthgen.training.run_state: two groups, with and without weight decay),
