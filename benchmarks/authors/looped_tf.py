@@ -140,7 +140,7 @@ def measure(path: Path, task: str = "parity", device: str = "cuda", steps: int =
 def _measure(path, task, device, steps, warmup, length, include_data, seed) -> dict:
     import torch
 
-    with authors_training(path, task, device, length, seed) as (step, batch, sync, info):
+    with _their_training(path, task, device, length, seed) as (step, batch, sync, info):  # measure() set the path
         if str(ROOT) not in sys.path:
             sys.path.append(str(ROOT))  # after their src/: their module names win where they clash
         from benchmarks.common.timing import alternate
