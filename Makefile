@@ -11,9 +11,13 @@ DEMO   ?= runs/demo
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# One resolution for torch and the rest; pip compiles the bytecode on one core, compileall on all of
+# them (1 min 24 s against 1 min 59 s on 2 cores). The bytecode is needed: with PYTHONDONTWRITEBYTECODE
+# set, every process would compile what it imports (docs/benchmarks.md, "A process's start").
+# compileall's exit status is not checked: like pip, it meets a few files that are not Python 3.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH)" -e ".[test]"
+	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 	touch $@
 
 # The language-modelling corpus (docs/lm.md): the Python documentation's reStructuredText sources

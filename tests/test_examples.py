@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +12,15 @@ import torch
 from lengthgen import register
 from lengthgen.cli import main
 from lengthgen.tasks.base import PAD
+from tests.helpers.in_process import run_python_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def lengthgen_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lengthgen", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=900)
-
-
 @pytest.mark.slow
-def test_the_python_api_example_trains_evaluates_and_tables(tmp_path):
-    done = subprocess.run([sys.executable, str(EXAMPLES / "api.py"), "--steps", "20", "--samples", "16",
-                           "--out", str(tmp_path / "api")], capture_output=True, text=True, cwd=tmp_path, timeout=900)
+def test_the_python_api_example_trains_evaluates_and_tables(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    done = run_python_file(EXAMPLES / "api.py", "--steps", "20", "--samples", "16", "--out", str(tmp_path / "api"))
     assert done.returncode == 0, done.stderr
     table = [line.split() for line in done.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
     assert [int(row[0]) for row in table] == [6, 12, 18, 24]
@@ -35,13 +29,14 @@ def test_the_python_api_example_trains_evaluates_and_tables(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_plugin_scheme_runs_through_the_matrix_in_two_workers(tmp_path):
-    """examples/plugins/half_rope.py beside RoPE on two tasks of the matrix, one seed, spawned workers."""
-    done = lengthgen_cli("reproduce", "matrix", "--plugin", str(EXAMPLES / "plugins" / "half_rope.py"),
-                         "--axis", "model.position=half_rope,rope", "--tasks", "parity,sparse_parity", "--seeds", "1",
-                         "--workers", "2", "--set", "train.steps=4", "--samples", "4", "--out", "matrix",
-                         "--no-progress", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_the_plugin_scheme_runs_through_the_matrix_in_two_workers(registries, tmp_path, monkeypatch):
+    """examples/plugins/half_rope.py beside RoPE on two tasks of the matrix, one seed, spawned workers
+    (the command runs here; its runs in the two worker processes it spawns, which import the plugin)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "matrix", "--plugin", str(EXAMPLES / "plugins" / "half_rope.py"),
+                 "--axis", "model.position=half_rope,rope", "--tasks", "parity,sparse_parity", "--seeds", "1",
+                 "--workers", "2", "--set", "train.steps=4", "--samples", "4", "--out", "matrix",
+                 "--no-progress"]) == 0
     with open(tmp_path / "matrix" / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     cells = {(r["task"], r["arm"], r["position"]) for r in rows}

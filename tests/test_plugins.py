@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import lengthgen
-from lengthgen import register
+from lengthgen import plugins, register
 from lengthgen.cli import main
 from lengthgen.errors import PluginError
 from lengthgen.model.positions import SCHEMES
@@ -196,10 +196,14 @@ def test_a_preset_names_its_plugins_relative_to_itself_and_the_run_records_them(
     assert f'plugins = ["{recorded}"]' in (folder / "config.toml").read_text()
     assert lengthgen.load(folder).cfg.plugins == [recorded]
     (project / "plugins" / "half.py").rename(project / "plugins" / "moved.py")
-    done = subprocess.run([sys.executable, "-m", "lengthgen", "eval", str(folder), "--lengths", "2", "--samples", "4",
-                           "--no-progress"], capture_output=True, text=True)  # a new process: nothing loaded yet
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert f"plugin {recorded}" in done.stderr and "does not exist" in done.stderr and "recorded in" in done.stderr
+    # forgotten, as in a new process where nothing is loaded yet: the eval must import it again
+    sys.modules.pop(plugins._loaded.pop(recorded).__name__, None)
+    del register.SCHEMES["half_rope"]
+    capsys.readouterr()
+    assert main(["eval", str(folder), "--lengths", "2", "--samples", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"plugin {recorded}" in err and "does not exist" in err and "recorded in" in err
     assert not (folder / "eval.csv").exists()
 
 
@@ -220,19 +224,26 @@ def test_an_installed_packages_entry_point_is_loaded(tmp_path):
 
 
 def trained_half_rope(folder: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "lengthgen", "train", "--defaults", *SETS, "--plugin", str(HALF_ROPE),
-            "--set=model.position=half_rope", *extra, "--out", str(folder), "--no-progress"]
+    """The `lengthgen train` arguments of a tiny half_rope run (after `python -m lengthgen`, or to main)."""
+    return ["train", "--defaults", *SETS, "--plugin", str(HALF_ROPE), "--set=model.position=half_rope", *extra,
+            "--out", str(folder), "--no-progress"]
 
 
 @pytest.mark.slow
-def test_a_plugin_scheme_resumes_after_a_kill_to_the_same_weights(tmp_path):
+def test_a_plugin_scheme_resumes_after_a_kill_to_the_same_weights(registries, tmp_path, monkeypatch):
     sets = ["--set=train.steps=200", "--set=train.checkpoint_interval=25", "--set=train.threads=1"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run(trained_half_rope(whole, *sets), check=True, capture_output=True)
-    assert 50 <= killed_after(trained_half_rope(killed, *sets), killed) < 200, "the run finished before it could be killed"
-    resumed = subprocess.run([sys.executable, "-m", "lengthgen", "train", "--resume", "--out", str(killed),
-                              "--no-progress"], capture_output=True, text=True, cwd=tmp_path)  # no --plugin: recorded
-    assert resumed.returncode == 0, resumed.stderr
+    assert 50 <= killed_after([sys.executable, "-m", "lengthgen", *trained_half_rope(killed, *sets)], killed) < 200, \
+        "the run finished before it could be killed"
+    # resumed here, with nothing of the plugin loaded, as in a new process (the registries fixture puts
+    # back what was before): the recorded one is imported, no --plugin needed
+    module = plugins._loaded.pop(str(HALF_ROPE.resolve()), None)
+    sys.modules.pop(getattr(module, "__name__", ""), None)
+    SCHEMES.pop("half_rope", None)
+    monkeypatch.chdir(tmp_path)  # elsewhere than the plugin's folder
+    assert main(["train", "--resume", "--out", str(killed), "--no-progress"]) == 0
+    assert "half_rope" in SCHEMES
+    assert main(trained_half_rope(whole, *sets)) == 0  # the uninterrupted run
     a = load_file(whole / "checkpoints" / "step_00000200" / "model.safetensors")
     b = load_file(killed / "checkpoints" / "step_00000200" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -242,7 +253,7 @@ def test_a_plugin_scheme_resumes_after_a_kill_to_the_same_weights(tmp_path):
 def test_a_plugin_scheme_evaluates_reports_and_exports_as_a_builtin(registries, tmp_path):
     """Its export loads in transformers without lengthgen and gives lengthgen's logits."""
     folder = tmp_path / "run"
-    subprocess.run(trained_half_rope(folder), check=True, capture_output=True)
+    assert main(trained_half_rope(folder)) == 0
     run = lengthgen.load(folder)
     rows = run.evaluate(lengths=[2, 4], samples=8, progress=False)
     assert [r["position"] for r in rows] == ["half_rope", "half_rope"]

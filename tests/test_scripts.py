@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 
 from lengthgen.cli import main
+from tests.helpers.in_process import run_python_file
 
-pytestmark = pytest.mark.slow  # every test runs a script in a process of its own on trained runs
+pytestmark = pytest.mark.slow  # every test runs a script on trained runs
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 TINY = ["--set=model.d_model=16", "--set=model.n_layer=1", "--set=model.n_head=2", "--set=train.batch_size=8",
         "--set=train.steps=10", "--set=train.device=cpu", "--no-progress"]
 
 
-def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True)
+def run_script(name: str, *args: str, process: bool = False) -> subprocess.CompletedProcess:
+    """`python scripts/NAME ARGS...`: in this process (tests/helpers/in_process.py) unless `process`."""
+    if process:
+        return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True)
+    return run_python_file(SCRIPTS / name, *args)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,7 @@ def test_multiplication_by_a_splits_every_sample_into_one_group(runs, run):
 
 
 def test_parity_scripts_run_on_a_looped_parity_run(runs):
-    out = run_script("parity_by_count.py", str(runs / "parity"), "5")
+    out = run_script("parity_by_count.py", str(runs / "parity"), "5", process=True)  # one script run as `python` does
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("length 5: accuracy ")
     out = run_script("confidence_ranks.py", str(runs / "parity"), "3")

@@ -5,7 +5,6 @@ a continuation's log-likelihood is the sum of the model's token log-probabilitie
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -74,6 +73,16 @@ def text_run(tmp_path_factory):
         yield root
 
 
+@pytest.fixture
+def local_tasks_only(monkeypatch):
+    """lm_eval's TaskManager without indexing lm_eval's own tasks (8.6 s of CPU, every time): the
+    tests name only their local task, which the include path holds."""
+    from lm_eval.tasks import TaskManager
+    index = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__", lambda self, *args, include_defaults=False, **kwargs:
+                        index(self, *args, include_defaults=include_defaults, **kwargs))
+
+
 def lengthgen_perplexity(run) -> float:
     rows = evaluate_run(run, EvalSettings(lengths=[WINDOW], samples=len(TEXT.encode()), progress=False,
                                           out=run.parent / "eval-out"))
@@ -81,7 +90,7 @@ def lengthgen_perplexity(run) -> float:
     return rows[0]["perplexity"]
 
 
-def test_lm_eval_perplexity_of_an_export_is_lengthgens_own(text_run):
+def test_lm_eval_perplexity_of_an_export_is_lengthgens_own(text_run, local_tasks_only):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -129,13 +138,16 @@ def test_a_run_that_is_not_a_text_run_or_missing_is_a_one_line_error(tmp_path):
         LengthgenLM(device="cpu")
 
 
-def test_the_command_line_scores_a_run_folder(text_run):
-    out = subprocess.run([sys.executable, "-m", "lengthgen.export.harness", "run", "--model", "lengthgen",
-                          "--model_args", f"run={text_run / 'run'}", "--device", "cpu", "--batch_size", "2",
-                          "--tasks", "lengthgen_local_text", "--include_path", str(text_run / "tasks"),
-                          "--output_path", str(text_run / "lm-eval-out")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "byte_perplexity" in out.stdout and "lengthgen_local_text" in out.stdout
+def test_the_command_line_scores_a_run_folder(text_run, local_tasks_only, monkeypatch, capsys):
+    """`python -m lengthgen.export.harness run ...` is main() with those arguments: called here, in
+    this process, as the missing-run test below calls it."""
+    monkeypatch.setattr(sys, "argv", [
+        "lengthgen.export.harness", "run", "--model", "lengthgen", "--model_args", f"run={text_run / 'run'}",
+        "--device", "cpu", "--batch_size", "2", "--tasks", "lengthgen_local_text",
+        "--include_path", str(text_run / "tasks"), "--output_path", str(text_run / "lm-eval-out")])
+    assert main() == 0
+    out = capsys.readouterr().out
+    assert "byte_perplexity" in out and "lengthgen_local_text" in out
     [written] = (text_run / "lm-eval-out").rglob("results_*.json")
     result = json.loads(written.read_text())["results"]["lengthgen_local_text"]
     assert result["byte_perplexity,none"] == pytest.approx(lengthgen_perplexity(text_run / "run"), rel=1e-5)

@@ -29,6 +29,8 @@ def token_accuracy(task, method, model, n):
 
 
 def test_lstm_learns_parity_check_beyond_its_training_lengths(tmp_path):
+    """1,500 steps reach 1.0 at 10, 20 and 40; 1,000 steps left this seed at 0.69 / 0.51 / 0.47
+    (seed 1 solved it) and 600 both seeds near chance (2026-12-07): no smaller budget."""
     task, method, model = trained(tmp_path / "run", "lstm", "parity_check", 10, 64, 1500, 3e-3)
     for n in (10, 20, 40):
         assert token_accuracy(task, method, model, n) >= 0.95, n
@@ -36,10 +38,12 @@ def test_lstm_learns_parity_check_beyond_its_training_lengths(tmp_path):
 
 @pytest.mark.slow
 def test_stack_rnn_learns_reverse_string_beyond_its_training_lengths(tmp_path):
-    """Seeds 0 and 1 reach 1.0 at 16, 32 and 64 after 1,000 steps as after 2,000; seed 2 stays near
-    0.91 / 0.71 / 0.60 at 2,000 (like the paper, which reports the best of 10 seeds, not every seed
-    solves it at this budget). Shorter training (lengths up to 10) let the hidden state memorise
-    instead of using the stack."""
-    task, method, model = trained(tmp_path / "run", "stack-rnn", "reverse_string", 16, 32, 1000, 1e-2)
+    """Seeds 0 and 1 reach 1.0 at 16, 32 and 64 after 300 steps (seed 0 already after 150) as after
+    1,000 and 2,000; after 50 steps seed 0 scores 0.66 / 0.58 / 0.55, and an LSTM (no stack) at
+    this budget 0.64 / 0.56 / 0.53, so the test fails without the stack (2026-12-07). Seed 2
+    stays near 0.91 / 0.71 / 0.60 at 2,000 (like the paper, which reports the best of 10 seeds,
+    not every seed solves it at this budget). Shorter training (lengths up to 10) let the hidden
+    state memorise instead of using the stack."""
+    task, method, model = trained(tmp_path / "run", "stack-rnn", "reverse_string", 16, 32, 300, 1e-2)
     for n in (16, 32, 64):
         assert token_accuracy(task, method, model, n) >= 0.95, n

@@ -22,6 +22,7 @@ from lengthgen.reproduction import grid as grids
 from lengthgen.reproduction import runner as rp
 from lengthgen.reproduction.jobs import run_job
 from lengthgen.reproduction.request import ReproduceRequest
+from tests.helpers.in_process import run_all_here
 from tests.helpers.toy_papers import toy_preset
 
 def looped_preset(task: str, model: str, lengths: str) -> str:
@@ -129,8 +130,10 @@ def test_reproduce_runs_skips_and_reports_failures(experiments, tmp_path, monkey
     # the skipped run keeps the seconds measured when it was trained; the other rows stay
     second = dict(line.split(",", 1) for line in (out / "timing.csv").read_text().splitlines()[1:])
     assert second == first
-    # another config into the same folder is refused and reported, the finished run is kept
-    with pytest.raises(RunsFailed, match=r"every run failed \(1\)"):
+    # another config into the same folder is refused and reported, the finished run is kept (its run_job
+    # called here: a worker would load torch for seconds to refuse it the same way)
+    with pytest.raises(RunsFailed, match=r"every run failed \(1\)"), monkeypatch.context() as patch:
+        patch.setattr(rp, "run_all", run_all_here)
         rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity"], arms=["looped"], out=out,
                                                 workers=1, progress=False, overrides=["optim.lr=0.01"]))
     assert "another config (optim.lr is 0.0003 there, 0.01 here)" in (out / "failures.txt").read_text()
@@ -361,12 +364,16 @@ def test_the_job_queued_ahead_of_a_free_worker_is_not_shown_as_running():
     assert running_jobs(futures, pending, workers=2) == ["first", "second"]
 
 
-def test_stacked_seeds_reproduce_the_runs_trained_one_by_one(experiments, tmp_path):
+def test_stacked_seeds_reproduce_the_runs_trained_one_by_one(experiments, tmp_path, monkeypatch):
     """--stack-seeds: each configuration's seeds train as one stacked model in one worker; the
-    runs' results are those of training them one by one (lengthgen.accel.stacked)."""
+    runs' results are those of training them one by one (lengthgen.accel.stacked). The runs one by
+    one train here, in this process (run_job as a worker calls it), which saves starting a worker for
+    them; both ways on one thread (--threads 1), as a worker beside a busy one would."""
     apart, stacked = tmp_path / "apart", tmp_path / "stacked"
-    kw = dict(seeds=2, tasks=["parity"], arms=["looped", "ntp"], workers=1, samples=8, progress=False)
-    rp.reproduce("looped", ReproduceRequest(scale="cpu", out=apart, **kw))
+    kw = dict(seeds=2, tasks=["parity"], arms=["looped", "ntp"], workers=1, threads=1, samples=8, progress=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(rp, "run_all", run_all_here)
+        rp.reproduce("looped", ReproduceRequest(scale="cpu", out=apart, **kw))
     assert len(rp.seed_groups(plan(["parity"], ["looped", "ntp"], 2, stacked, 1))) == 2  # two arms, each two seeds
     rp.reproduce("looped", ReproduceRequest(scale="cpu", out=stacked, stack_seeds=True, **kw))
     for name in ("parity-looped-s0", "parity-looped-s1", "parity-ntp-s0", "parity-ntp-s1"):

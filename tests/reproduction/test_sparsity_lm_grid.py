@@ -11,6 +11,7 @@ import pytest
 from lengthgen.assembly.runs import new_run_config
 
 from tests.helpers.documents import docs, lm_overrides, write_documents  # noqa: F401  (docs is a fixture)
+from tests.helpers.in_process import run_all_here, run_python_file
 
 
 TOY_GRID = """
@@ -90,9 +91,11 @@ def independent_ratios(out, arm, seeds, edges, select="in_tau"):
 def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_and_skips_finished_work(
         docs, tmp_path, monkeypatch):
     from lengthgen.reproduction import grid as grids
+    from lengthgen.reproduction import runner
     from lengthgen.reproduction.request import ReproduceRequest
     from lengthgen.reproduction.runner import reproduce
 
+    monkeypatch.setattr(runner, "run_all", run_all_here)
     folder, _ = docs
     root = tmp_path / "experiments"
     (root / "toy" / "cpu").mkdir(parents=True)
@@ -141,17 +144,14 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     evaluate_run(run, EvalSettings(lengths=[8], samples=100, progress=False))
     assert before == ((run / "token_loss.csv").stat().st_mtime_ns, (run / "dependence.csv").stat().st_mtime_ns)
     # k again with leave-one-out ranks, on a few tokens of the reference's T* (scripts/dependence_ranks.py)
-    import subprocess
-
     from lengthgen.cli import main
-    import sys
     from pathlib import Path
+
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "dependence_ranks.py"
     loo = tmp_path / "loo"
     for seed in range(2):
-        done = subprocess.run([sys.executable, str(script), str(out / "runs" / f"text-long-s{seed}"), "3", "--out",
-                               str(loo)], capture_output=True, text=True)
+        done = run_python_file(script, str(out / "runs" / f"text-long-s{seed}"), "3", "--out", str(loo))
         assert done.returncode == 0, done.stderr
         assert "3 tokens of T*" in done.stdout and "| leave_one_out |" in done.stdout and "| attention |" in done.stdout
     # ... and writes a reference the report reads: the short runs against it, and the original reference
@@ -161,8 +161,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
     text = (tmp_path / "loo-report" / "report.md").read_text()
     line = next(l for l in text.splitlines() if l.startswith("| long | 2 |"))
     assert all(c.strip().startswith("1.000") or c.strip() == "–" for c in line.strip("|").split("|")[2:6])
-    refused = subprocess.run([sys.executable, str(script), str(out / "runs" / "text-nope-s0")], capture_output=True,
-                             text=True)
+    refused = run_python_file(script, str(out / "runs" / "text-nope-s0"))
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1 and "dependence.csv" in refused.stderr
     # the same comparison outside a grid: lengthgen report --gain-reference
 

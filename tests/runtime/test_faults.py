@@ -62,15 +62,16 @@ def test_a_reproduction_past_the_machine_is_refused_before_its_first_run(tmp_pat
 def test_out_of_memory_in_training_and_evaluation_is_one_line_and_nothing_is_lost(run, tmp_path):
     """Under a 1.5 GiB address space (torch needs about 0.65 of it), a batch of 4,096 copies of
     length 100 does not fit; its size passes the up-front check, so the allocator fails for real.
-    An evaluation batch of 16,384 is lowered to what the memory bound allows (a note); the bound
-    is a lower bound, so the lowered batch may still fail for real: either way one line, and the
-    earlier rows are kept."""
+    An evaluation batch of 16,384 is lowered to what the memory bound allows (a note: batches of
+    about 3,900); the bound is a lower bound, so the lowered batch may still fail for real: either
+    way one line, and the earlier rows are kept. The test set is 4,096 samples: more than one
+    lowered batch, and a quarter of the evaluation that 16,384 samples would cost."""
     big = [f"--set={s}" for s in TINY + ["task.train_min=100", "task.train_max=100", "train.batch_size=4096",
                                          "train.steps=1", "train.threads=1"]]
     shutil.copytree(run, tmp_path / "run")
     before = (tmp_path / "run" / "eval.csv").read_bytes()
     trained, evaluated = calls([["train", "--defaults", *big, "--out", "oom", "--no-progress"],
-                                ["eval", "run", "--lengths", "100", "--samples", "16384", "--batch-size", "16384",
+                                ["eval", "run", "--lengths", "100", "--samples", "4096", "--batch-size", "16384",
                                  "--no-progress"]], tmp_path, memory=3 * GIB // 2)
     line = failed_in_one_line(trained)
     assert "out of memory at step 1" in line and "train.batch_size" in line and "no checkpoint" in line
