@@ -11,13 +11,16 @@ DEMO   ?= runs/demo
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# One resolution for torch and the rest; pip compiles the bytecode on one core, compileall on all of
-# them (1 min 24 s against 1 min 59 s on 2 cores). The bytecode is needed: with PYTHONDONTWRITEBYTECODE
-# set, every process would compile what it imports (docs/benchmarks.md, "A process's start").
-# compileall's exit status is not checked: like pip, it meets a few files that are not Python 3.
+# One resolution for torch and the rest, and no bytecode compiled for the 20,000 files installed
+# (most never imported): the bytecode of what lengthgen's commands import is written by importing
+# it once, the rest by the processes that import it (`make test` below). PYTHONDONTWRITEBYTECODE,
+# which some machines set, is unset for these two commands: with it every process would compile
+# what it imports again, and nothing is written beside the sources that git does not ignore.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH)" -e ".[test]"
-	-$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c "import importlib, pkgutil, lengthgen, torch._inductor.compile_fx; \
+		[importlib.import_module(m.name) for m in pkgutil.walk_packages(lengthgen.__path__, 'lengthgen.') \
+		 if not m.name.endswith('__main__')]"
 	touch $@
 
 # The language-modelling corpus (docs/lm.md): the Python documentation's reStructuredText sources
@@ -44,11 +47,11 @@ demo: $(VENV)/.installed
 # Every test, on every core (one worker per core; a test file's tests share a worker, so its
 # module fixtures are built once; the files with slow tests go first: tests/conftest.py). CI runs this.
 test: install
-	$(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --durations=15
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --durations=15
 
 # The quick loop while editing: every test but the slow ones (runs that must learn, processes, grids).
 test-fast: install
-	$(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder -m "not slow"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder -m "not slow"
 
 # The hostile sweep (tests/export/test_hostile_sweep.py): 116 bad inputs to export, the exported model,
 # the harness, report and small grids, each judged clean, ok, traceback, hang or silent; prints the table.
