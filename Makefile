@@ -63,3 +63,4 @@ bench: install
 
 clean:
 	rm -rf $(VENV) runs *.egg-info
+	find . -name __pycache__ -prune -exec rm -rf {} +
