@@ -196,9 +196,7 @@ def test_a_preset_names_its_plugins_relative_to_itself_and_the_run_records_them(
     assert f'plugins = ["{recorded}"]' in (folder / "config.toml").read_text()
     assert lengthgen.load(folder).cfg.plugins == [recorded]
     (project / "plugins" / "half.py").rename(project / "plugins" / "moved.py")
-    # forgotten, as in a new process where nothing is loaded yet: the eval must import it again
-    sys.modules.pop(plugins._loaded.pop(recorded).__name__, None)
-    del register.SCHEMES["half_rope"]
+    forget_half_rope(recorded)  # as in a new process where nothing is loaded yet: the eval must import it again
     capsys.readouterr()
     assert main(["eval", str(folder), "--lengths", "2", "--samples", "4", "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -223,6 +221,14 @@ def test_an_installed_packages_entry_point_is_loaded(tmp_path):
     assert any(line.startswith("majority ") and "T(n)=5" in line for line in out.stdout.splitlines())
 
 
+def forget_half_rope(spec: str) -> None:
+    """This process as a new one would be: the plugin module `spec` not loaded, its half_rope scheme
+    not registered (the registries fixture puts back what was before the test)."""
+    module = plugins._loaded.pop(spec, None)
+    sys.modules.pop(getattr(module, "__name__", ""), None)
+    SCHEMES.pop("half_rope", None)
+
+
 def trained_half_rope(folder: Path, *extra: str) -> list[str]:
     """The `lengthgen train` arguments of a tiny half_rope run (after `python -m lengthgen`, or to main)."""
     return ["train", "--defaults", *SETS, "--plugin", str(HALF_ROPE), "--set=model.position=half_rope", *extra,
@@ -235,11 +241,9 @@ def test_a_plugin_scheme_resumes_after_a_kill_to_the_same_weights(registries, tm
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert 50 <= killed_after([sys.executable, "-m", "lengthgen", *trained_half_rope(killed, *sets)], killed) < 200, \
         "the run finished before it could be killed"
-    # resumed here, with nothing of the plugin loaded, as in a new process (the registries fixture puts
-    # back what was before): the recorded one is imported, no --plugin needed
-    module = plugins._loaded.pop(str(HALF_ROPE.resolve()), None)
-    sys.modules.pop(getattr(module, "__name__", ""), None)
-    SCHEMES.pop("half_rope", None)
+    # resumed here, with nothing of the plugin loaded, as in a new process: the recorded one is imported,
+    # no --plugin needed
+    forget_half_rope(str(HALF_ROPE.resolve()))
     monkeypatch.chdir(tmp_path)  # elsewhere than the plugin's folder
     assert main(["train", "--resume", "--out", str(killed), "--no-progress"]) == 0
     assert "half_rope" in SCHEMES
