@@ -11,17 +11,17 @@ DEMO   ?= runs/demo
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch by pip, which takes its find-links and constraints (a CPU wheel on disk, say); the other
-# 130 packages by uv, which fetches them side by side where pip took one at a time (23 s against
-# 53 s, docs/benchmarks.md, "Install"), keeping the torch installed; pip does it where uv cannot.
-# No bytecode is compiled for the 20,000 files installed
+# torch by pip, which reads pip's settings (here a CPU wheel on disk and a cap on torch's version);
+# the other 130 packages by uv, which fetches them side by side where pip takes one at a time
+# (docs/benchmarks.md, "Bytecode and uv"), asked for the same torch so that it keeps the one
+# installed; pip does it where uv cannot. No bytecode is compiled for the 20,000 files installed
 # (most never imported): the bytecode of what lengthgen's commands import is written by importing
 # it once, the rest by the processes that import it (`make test` below). PYTHONDONTWRITEBYTECODE,
 # which some machines set, is unset for these two commands: with it every process would compile
 # what it imports again, and nothing is written beside the sources that git does not ignore.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-compile "$(TORCH)" uv
-	$(BIN)/uv pip install --python $(BIN)/python --quiet -e ".[test]" \
+	$(BIN)/uv pip install --python $(BIN)/python --quiet "$(TORCH)" -e ".[test]" \
 		|| $(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -c "import importlib, pkgutil, lengthgen, torch._inductor.compile_fx; \
 		[importlib.import_module(m.name) for m in pkgutil.walk_packages(lengthgen.__path__, 'lengthgen.') \

@@ -18,6 +18,7 @@ from lengthgen.reproduction.ray_runner import RAY_MISSING, resources
 from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.runtime import checkpoint
 from lengthgen.training.trainer import train
+from tests.helpers.in_process import run_all_here
 from tests.helpers.toy_papers import positions_grid, toy_paper, toy_preset
 
 PRESET = toy_preset(lengths="2,12")
@@ -98,7 +99,9 @@ def test_ray_runs_a_grid_like_the_local_pool(paper, tmp_path, ray_instance, monk
                              (ran[name] / "checkpoints" / "latest").stat().st_mtime_ns) for name in stamps}
     assert again == text
 
-    # the local pool, from scratch, writes the same report and results (the same weights: threads=1 both)
+    # the local pool, from scratch, writes the same report and results (the same weights: threads=1 both;
+    # its runs in this process, as its workers would run them: tests/reproduction/test_reproduce.py)
+    monkeypatch.setattr(rp, "run_all", run_all_here)
     reproduce(paper, local)
     assert (on_ray / "results.csv").read_text() == (local / "results.csv").read_text()
     ray_md, local_md = same_text(on_ray, local, "report.md")

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-
+from lengthgen.cli import main
+from lengthgen.reproduction import runner
+from tests.helpers.in_process import run_all_here
 
 # -- kills at random points ---------------------------------------------------------------------------
 
@@ -29,14 +31,21 @@ def killed_at_random(argv: list[str], cwd: Path, seconds: float, seed: int) -> f
     return at
 
 
-def rerun(argv: list[str], cwd: Path) -> None:
-    subprocess.run([sys.executable, "-m", "lengthgen", *argv], cwd=cwd, check=True, capture_output=True)
-
-
 def timed(argv: list[str], cwd: Path) -> float:
+    """Seconds `lengthgen argv` takes in a process of its own, as the killed one runs."""
     began = time.monotonic()
-    rerun(argv, cwd)
+    subprocess.run([sys.executable, "-m", "lengthgen", *argv], cwd=cwd, check=True, capture_output=True)
     return time.monotonic() - began
+
+
+def rerun(argv: list[str], cwd: Path, monkeypatch) -> None:
+    """`lengthgen argv` in this process (a reproduction's runs too): what is tested is the folder
+    the killed process left, which the rerun picks up wherever it runs; a process would spend
+    seconds importing torch."""
+    with monkeypatch.context() as patch:
+        patch.chdir(cwd)
+        patch.setattr(runner, "run_all", run_all_here)
+        assert main(argv) == 0
 
 
 def reproduction(out: str, *extra: str) -> list[str]:
@@ -44,22 +53,22 @@ def reproduction(out: str, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_kills_at_random_points_rerun_to_the_numbers_of_an_undisturbed_run(toy):
+def test_kills_at_random_points_rerun_to_the_numbers_of_an_undisturbed_run(toy, monkeypatch):
     """SIGKILL at a random point of a reproduction (two workers training), of an evaluation and of
     a report of its runs; each rerun gives the results of the undisturbed reproduction, none
     duplicated. (A killed `train` resumes to the same weights: tests/training/test_train.py.)"""
     whole = timed(reproduction("whole"), toy)
     expected = (toy / "whole" / "results.csv").read_text()
     killed_at_random(reproduction("killed"), toy, whole, seed=0)
-    rerun(reproduction("killed"), toy)
+    rerun(reproduction("killed"), toy, monkeypatch)
     assert (toy / "killed" / "results.csv").read_text() == expected
     run = "killed/runs/parity-rope-s0"
     evaluation = ["eval", run, "--lengths", "2:8", "--samples", "128", "--no-progress"]
     killed_at_random(evaluation, toy, timed(evaluation, toy), seed=1)
     evaluated = (toy / run / "eval.csv").read_text()
-    rerun(evaluation, toy)
+    rerun(evaluation, toy, monkeypatch)
     assert (toy / run / "eval.csv").read_text() == evaluated
     report = ["report", "whole/runs", "--out", "report"]
     killed_at_random(report, toy, timed(report, toy), seed=2)
-    rerun(report, toy)
+    rerun(report, toy, monkeypatch)
     assert (toy / "report" / "results.csv").read_text() == expected

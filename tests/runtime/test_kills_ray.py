@@ -11,13 +11,17 @@ import time
 
 import pytest
 
-from test_kills import reproduction, rerun, timed
+from test_kills import reproduction, rerun
 
 
 @pytest.mark.slow
-def test_a_reproduction_killed_on_ray_reruns_to_the_numbers_of_the_local_pool(toy):
+def test_a_reproduction_killed_on_ray_reruns_to_the_numbers_of_the_local_pool(toy, monkeypatch):
+    """The local pool's numbers from its runs in this process (tests/runtime/test_kills.py kills it);
+    the reproduction on Ray, and its rerun, in processes of their own."""
     pytest.importorskip("ray")
-    whole = timed(reproduction("whole"), toy)
+    began = time.monotonic()
+    rerun(reproduction("whole"), toy, monkeypatch)
+    whole = time.monotonic() - began
     on_ray = reproduction("on-ray", "--backend", "ray")
     proc = subprocess.Popen([sys.executable, "-m", "lengthgen", *on_ray], cwd=toy, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -30,5 +34,5 @@ def test_a_reproduction_killed_on_ray_reruns_to_the_numbers_of_the_local_pool(to
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    rerun(on_ray, toy)
+    subprocess.run([sys.executable, "-m", "lengthgen", *on_ray], cwd=toy, check=True, capture_output=True)
     assert (toy / "on-ray" / "results.csv").read_text() == (toy / "whole" / "results.csv").read_text()
