@@ -28,7 +28,22 @@ def killed_at_random(argv: list[str], cwd: Path, seconds: float, seed: int) -> f
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    gone(proc.pid)
     return at
+
+
+def gone(group: int, seconds: float = 60) -> None:
+    """Wait until no process of `group` is left. A killed reproduction's workers outlive its main
+    process by up to seconds (orphans, freeing their memory before their files, then reaped by
+    init): a rerun started at once found their runs' folders still locked by them."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"processes of group {group} still alive {seconds} s after SIGKILL")
 
 
 def timed(argv: list[str], cwd: Path) -> float:
@@ -41,11 +56,13 @@ def timed(argv: list[str], cwd: Path) -> float:
 def rerun(argv: list[str], cwd: Path, monkeypatch) -> None:
     """`lengthgen argv` in this process (a reproduction's runs too): what is tested is the folder
     the killed process left, which the rerun picks up wherever it runs; a process would spend
-    seconds importing torch."""
+    seconds importing torch. A failed reproduction's failures.txt is in the message."""
     with monkeypatch.context() as patch:
         patch.chdir(cwd)
         patch.setattr(runner, "run_all", run_all_here)
-        assert main(argv) == 0
+        code = main(argv)
+    failures = cwd / argv[argv.index("--out") + 1] / "failures.txt" if "--out" in argv else None
+    assert code == 0, failures.read_text() if failures and failures.is_file() else code
 
 
 def reproduction(out: str, *extra: str) -> list[str]:
@@ -60,7 +77,7 @@ def test_kills_at_random_points_rerun_to_the_numbers_of_an_undisturbed_run(toy, 
     whole = timed(reproduction("whole"), toy)
     expected = (toy / "whole" / "results.csv").read_text()
     killed_at_random(reproduction("killed"), toy, whole, seed=0)
-    rerun(reproduction("killed"), toy, monkeypatch)
+    timed(reproduction("killed"), toy)  # rerun in a process, with its workers, as it was killed
     assert (toy / "killed" / "results.csv").read_text() == expected
     run = "killed/runs/parity-rope-s0"
     evaluation = ["eval", run, "--lengths", "2:8", "--samples", "128", "--no-progress"]
