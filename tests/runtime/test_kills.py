@@ -35,7 +35,8 @@ def killed_at_random(argv: list[str], cwd: Path, seconds: float, seed: int) -> f
 def gone(group: int, seconds: float = 60) -> None:
     """Wait until no process of `group` is left. A killed reproduction's workers outlive its main
     process by up to seconds (orphans, freeing their memory before their files, then reaped by
-    init): a rerun started at once found their runs' folders still locked by them."""
+    init), holding their runs' folder locks meanwhile: the likely reason why a rerun started at
+    once in this process failed once in 14 runs (CHANGELOG.md, 2026-12-07, night)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
