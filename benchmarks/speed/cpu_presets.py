@@ -1,15 +1,19 @@
-"""A training step of each family's CPU preset, eager against compiled whole, on a CPU.
+"""A training step of each family's CPU preset: the path before, the trainer's eager step and the
+step compiled whole, on a CPU.
 
 The eager path is the trainer's step (Trainer.step, lengthgen.training.trainer: the method's loss on
-the packed batch, backward, clipping, AdamW; benchmarks/common/steps.py). The compiled path is the
+the packed batch, backward, clipping, AdamW; benchmarks/common/steps.py), with the blocks' linear
+layers on oneDNN where this machine takes them (lengthgen.accel.onednn_linear). The path before is
+the same step with torch's own matmul (`aten`: MKL), timed only where the oneDNN path is on. The
+compiled path is the
 trainer's step taking the body of a recorded step (lengthgen.accel.captured) where it would replay a
 CUDA graph: the batch padded to its shape bucket, the method's fixed-shape loss compiled whole by
 inductor (lengthgen.accel.compiling.compile_step), backward, clipping and the fused AdamW. Both start
 from the same weights and take turns on the same batches (benchmarks/common/timing.py), drawn at the
 preset's longest training length (the length a run spends most of its steps at once its curriculum
-ends). Prints per case: ms per step each way (median, with the quartiles), the speed-up, the seconds
-the first compiled call took (the compilation of that shape), and whether the two losses agree on
-the first batch (same weights, before either updates).
+ends). Prints per case: ms per step each way (median), the speed-ups over the path before (or over
+eager where the oneDNN path is off), the seconds the first compiled call took (the compilation of
+that shape), and whether the losses agree on the first batch (same weights, before any updates).
 
 Methods whose loss reads shapes on the host (recurrent models, ntp-pause) or that attend both ways
 over padded rows (the Chomsky grid's encoder) have no fixed-shape loss: they show the eager step
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: le
 from benchmarks.common import records  # noqa: E402
 from benchmarks.common.steps import TrainerStep, UnrecordedSteps  # noqa: E402
 from benchmarks.common.timing import alternate, time_one  # noqa: E402
+from lengthgen.accel import onednn_linear  # noqa: E402
 from lengthgen.assembly.runs import new_run  # noqa: E402
 
 CASES = {  # one preset per family (and the next-token baseline the looped grid compares against)
@@ -70,6 +76,8 @@ class Case:
         self.run, device = run, torch.device("cpu")
         self.eager = TrainerStep(run, device, capture=False, compile=False)
         self.eager_state = self.eager.state
+        self.before = without_onednn(TrainerStep(run, device, capture=False, compile=False)) \
+            if onednn_linear.enabled else None
         self.fixed = run.method.capturable and hasattr(self.eager_state.model, "blocks")
         if self.fixed:
             self.whole = TrainerStep(run, device, capture=False, compile=False)
@@ -94,6 +102,17 @@ class Case:
         return f"{'yes' if abs(a - b) <= 1e-4 * max(1.0, abs(a)) else 'NO'} ({a:.5f} / {b:.5f})"
 
 
+def without_onednn(step):
+    """`step`, taken with torch's own matmul for the linear layers (the path before oneDNN's)."""
+    def call(*args):
+        onednn_linear.enabled = False
+        try:
+            return step(*args)
+        finally:
+            onednn_linear.enabled = True
+    return call
+
+
 def timed(step, batch) -> float:
     """Seconds of one call: the first compiled step, whose time is its shape's compilation."""
     start = time.perf_counter()
@@ -105,19 +124,24 @@ def measure(name: str, steps: int) -> dict:
     preset, overrides = CASES[name]
     case = Case(preset, overrides)
     row = {"case": name, "preset": preset}
-    if not case.fixed:
-        stats = time_one(case.eager, steps, warmup=2, draw=case.batch)
-        row.update({"eager ms": 1000 * stats.median, "timings": {"eager": stats.as_dict(1000)}})
-        return row
-    first = case.batch()
-    row["compile s"] = timed(case.whole, first)  # the training graph of this shape
-    row["losses agree"] = case.losses_agree(first)  # the eager copy has not updated yet
-    case.eager(first)
-    timings = alternate({"eager": case.eager, "compiled": case.whole}, steps, warmup=1, draw=case.batch)
-    if not case.whole.recorded:  # the body failed and the trainer went eager: say so, not a speed-up
-        row["note"] = "the compiled step failed (the note above): both ran eagerly"
-    row.update({"eager ms": 1000 * timings.median("eager"), "compiled ms": 1000 * timings.median("compiled"),
-                "speed-up": timings.ratio("eager", "compiled"), "timings": timings.as_dict(1000)})
+    variants = {"aten": case.before} if case.before else {}
+    variants["eager"] = case.eager
+    base = next(iter(variants))  # the speed-ups are over the path before, where it is timed
+    if case.fixed:
+        first = case.batch()
+        row["compile s"] = timed(case.whole, first)  # the training graph of this shape
+        row["losses agree"] = case.losses_agree(first)  # the eager copies have not updated yet
+        for step in variants.values():
+            step(first)
+        variants["compiled"] = case.whole
+        if not case.whole.recorded:  # the body failed and the trainer went eager: say so, not a speed-up
+            row["note"] = "the compiled step failed (the note above): both ran eagerly"
+    timings = alternate(variants, steps, warmup=1 if case.fixed else 2, draw=case.batch)
+    for name in variants:
+        row[f"{name} ms"] = 1000 * timings.median(name)
+        if name != base:
+            row[f"{name} speed-up"] = timings.ratio(base, name)
+    row["timings"] = timings.as_dict(1000)
     return row
 
 
@@ -171,13 +195,20 @@ def authors_table(rows: list[dict], threads: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | preset | eager ms | compiled ms | speed-up | compile s | losses agree |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    """One line per case; the median speed-ups over the cases below (the issue's measure)."""
+    lines = ["| case | preset | aten ms | eager ms | eager speed-up | compiled ms | compiled speed-up | compile s "
+             "| losses agree |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        compiled = (f"{r['compiled ms']:.1f} | {r['speed-up']:.2f}x | {r['compile s']:.0f} | {r['losses agree']}"
-                    if "compiled ms" in r else "no fixed-shape loss | | | ")
-        lines.append(f"| {r['case']} | {r['preset']} | {r['eager ms']:.1f} | {compiled} |" + (
-            f" {r['note']}" if "note" in r else ""))
+        aten = (f"{r['aten ms']:.1f} | {r['eager ms']:.1f} | {r['eager speed-up']:.2f}x" if "aten ms" in r
+                else f"(oneDNN off) | {r['eager ms']:.1f} | ")
+        compiled = (f"{r['compiled ms']:.1f} | {r['compiled speed-up']:.2f}x | {r['compile s']:.0f} | "
+                    f"{r['losses agree']}" if "compiled ms" in r else "no fixed-shape loss | | | ")
+        note = f" {r['note']}" if "note" in r else ""
+        lines.append(f"| {r['case']} | {r['preset']} | {aten} | {compiled} |{note}")
+    medians = [f"median {name} speed-up over {len(ups)} case(s): {statistics.median(ups):.2f}x "
+               f"({min(ups):.2f}x to {max(ups):.2f}x)" for name in ("eager", "compiled")
+               if (ups := [r[f"{name} speed-up"] for r in rows if f"{name} speed-up" in r])]
+    lines += [""] + medians if medians else []
     return "\n".join(lines)
 
 

@@ -47,14 +47,14 @@ def compilable(model: nn.Module, whole: bool = False) -> str | None:
 
 
 def slower_compiled(model: nn.Module, device: torch.device) -> str | None:
-    """Why compiling would slow this model's steps down, or None. On one CPU thread, heads at most
-    8 wide run lengthgen's narrow-head attention kernel, a C call that a compiled block cannot
-    make (it traces SDPA instead): the looped Parity presets' steps were 0.80-0.97x eager compiled
+    """Why compiling would slow this model's steps down, or None. On a CPU, heads at most 8 wide
+    run lengthgen's narrow-head attention kernel, a C call that a compiled block cannot make (it
+    traces SDPA instead): the looped Parity presets' steps were 0.80-0.97x eager compiled
     (docs/benchmarks.md, "Compiled blocks")."""
     head = model.cfg.d_model // model.cfg.n_head
     if (device.type == "cpu" and narrow_attention.enabled and head <= narrow_attention.MAX_HEAD_WIDTH
-            and torch.get_num_threads() == 1 and narrow_attention.library() is not None):
-        return f"heads {head} wide on one CPU thread run the narrow-head attention kernel, faster eagerly"
+            and narrow_attention.library() is not None):
+        return f"heads {head} wide on a CPU run the narrow-head attention kernel, faster eagerly"
     return None
 
 

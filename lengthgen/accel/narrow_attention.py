@@ -6,7 +6,11 @@ every other torch path was slower still (docs/benchmarks.md, "Heads of width 4")
 keeps the heads innermost, so they are the SIMD lanes, written with the compiler's vector types, and
 is 4-6x faster than SDPA, forward and backward, at those shapes (`benchmarks/decisions/attention_paths.py
 --narrow`; twice as fast as the first, auto-vectorised version, which gcc left scalar at 16 heads). Wider heads (16: 3x slower
-here) and more threads stay with SDPA, which is built for them.
+here) stay with SDPA, which is built for them. With several torch threads the batch is split into
+one slice per thread, each a C call on a thread of its own (ctypes lets go of the GIL during the
+call; the kernel keeps no state between calls): until 2026-12-08 more threads went back to SDPA,
+and the looped Parity paper step on 2 threads was 1.56x faster with the kernel on one thread than
+with SDPA on two (docs/benchmarks.md, "Linear layers on oneDNN").
 
 The C file is compiled once per machine with the system's C compiler (`cc`, or $CC) into
 lengthgen's cache folder ($LENGTHGEN_CACHE, else $XDG_CACHE_HOME/lengthgen, else
@@ -30,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -99,17 +104,40 @@ def library() -> ctypes.CDLL | None:
 
 
 def applies(q: Tensor, dropout_p: float = 0.0) -> bool:
-    """Whether `attend` takes this call: fp32 on CPU, heads <= 8 wide, one thread, no dropout,
-    not traced by torch.compile (which cannot see inside a C call; vmap over stacked seeds, which
-    has no data pointer to pass, is refused by its caller, lengthgen.accel.backends)."""
+    """Whether `attend` takes this call: fp32 on CPU, heads <= 8 wide, no dropout, not traced by
+    torch.compile (which cannot see inside a C call; vmap over stacked seeds, which has no data
+    pointer to pass, is refused by its caller, lengthgen.accel.backends)."""
     if torch.compiler.is_compiling():  # first: the checks below would break a traced graph
         return False
     return (enabled and q.device.type == "cpu" and q.dtype == torch.float32 and q.shape[-1] <= MAX_HEAD_WIDTH
-            and q.shape[2] > 0 and dropout_p == 0.0 and torch.get_num_threads() == 1 and library() is not None)
+            and q.shape[2] > 0 and dropout_p == 0.0 and library() is not None)
 
 
 def strides(x: Tensor) -> ctypes.Array:
     return (ctypes.c_long * 4)(*x.stride())
+
+
+@lru_cache(maxsize=1)
+def pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(thread_name_prefix="lengthgen-narrow-attention")
+
+
+if hasattr(os, "register_at_fork"):  # a forked worker has none of the parent's threads: a pool of its own
+    os.register_at_fork(after_in_child=pool.cache_clear)
+
+
+def over_slices(call, B: int) -> int:
+    """call(b0, b1) for slices of the batch, one per torch thread, side by side; nonzero if one failed."""
+    n = max(1, min(torch.get_num_threads(), B))
+    bounds = [B * i // n for i in range(n + 1)]
+    others = [pool().submit(call, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    first = call(bounds[0], bounds[1])
+    return first or any([f.result() for f in others])
+
+
+def at(x: Tensor, b: int) -> int:
+    """The address of x[b]."""
+    return x.data_ptr() + b * x.stride(0) * x.element_size()
 
 
 class NarrowCausalAttention(torch.autograd.Function):
@@ -117,8 +145,9 @@ class NarrowCausalAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         B, H, T, D = q.shape
         o, lse = q.new_empty(B, T, H, D), q.new_empty(B, T, H)
-        failed = library().narrow_forward(q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
-                                          strides(v), o.data_ptr(), lse.data_ptr(), B, T, H, D, D ** -0.5)
+        qs, ks, vs = strides(q), strides(k), strides(v)
+        failed = over_slices(lambda b0, b1: library().narrow_forward(
+            at(q, b0), qs, at(k, b0), ks, at(v, b0), vs, at(o, b0), at(lse, b0), b1 - b0, T, H, D, D ** -0.5), B)
         if failed:
             raise MemoryError("narrow-head attention: out of memory")
         ctx.save_for_backward(q, k, v, o, lse)
@@ -130,9 +159,10 @@ class NarrowCausalAttention(torch.autograd.Function):
         B, H, T, D = q.shape
         go = grad.transpose(1, 2).contiguous()  # (B, T, H, D), o's layout
         dq, dk, dv = (q.new_empty(B, T, H, D) for _ in range(3))
-        failed = library().narrow_backward(q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
-                                           strides(v), o.data_ptr(), go.data_ptr(), lse.data_ptr(),
-                                           dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, T, H, D, D ** -0.5)
+        qs, ks, vs = strides(q), strides(k), strides(v)
+        failed = over_slices(lambda b0, b1: library().narrow_backward(
+            at(q, b0), qs, at(k, b0), ks, at(v, b0), vs, at(o, b0), at(go, b0), at(lse, b0),
+            at(dq, b0), at(dk, b0), at(dv, b0), b1 - b0, T, H, D, D ** -0.5), B)
         if failed:
             raise MemoryError("narrow-head attention: out of memory")
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)

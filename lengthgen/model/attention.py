@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
+from lengthgen.model.linear import Linear
 
 
 @dataclass(frozen=True)
@@ -278,8 +279,8 @@ class CausalSelfAttention(nn.Module):
         self.n_head = cfg.n_head
         self.d_model = cfg.d_model
         self.dropout = AttentionDropout(cfg.attn_dropout, cfg.attn_dropout_on)
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias and cfg.qkv_bias)  # q, k, v in one matmul
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.c_attn = Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias and cfg.qkv_bias)  # q, k, v in one matmul
+        self.c_proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.resid_drop = nn.Dropout(cfg.dropout)
         # T5's logits are q . k, unscaled (model.attn_scale = false): every path below divides by
         # sqrt(Dh), so q is multiplied by it first, the same logits in every path

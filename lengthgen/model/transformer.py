@@ -28,6 +28,7 @@ from torch import Tensor
 
 from lengthgen.config.schema import ModelConfig
 from lengthgen.model.attention import CausalSelfAttention, KVCache, Packed
+from lengthgen.model.linear import Linear
 from lengthgen.model.positions import PositionalScheme, build_scheme, default_position_ids
 from lengthgen.tasks.base import PAD
 
@@ -49,9 +50,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, act: nn.Module):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
-        self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.c_fc = Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.gelu = act
-        self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.c_proj = Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -68,9 +69,9 @@ class GatedMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, act: nn.Module):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
-        self.c_fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # linear units
-        self.c_gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)  # gate units
-        self.c_proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
+        self.c_fc = Linear(cfg.d_model, hidden, bias=cfg.bias)  # linear units
+        self.c_gate = Linear(cfg.d_model, hidden, bias=cfg.bias)  # gate units
+        self.c_proj = Linear(hidden, cfg.d_model, bias=cfg.bias)  # residual output projection
         self.act = act
         self.hidden_drop = nn.Dropout(cfg.mlp_dropout)
         self.drop = nn.Dropout(cfg.dropout)
@@ -158,7 +159,7 @@ class Transformer(nn.Module):
         self.scheme = scheme if scheme is not None else build_scheme(cfg)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=cfg.head_bias)
+        self.lm_head = Linear(cfg.d_model, vocab_size, bias=cfg.head_bias)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # one (V, D) matrix reads in and out
         INITS[cfg.init](self)

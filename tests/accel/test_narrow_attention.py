@@ -69,7 +69,7 @@ def test_a_query_never_sees_a_later_key(kernel):
     assert not torch.allclose(before[:, :, 6:], after[:, :, 6:])
 
 
-def test_taken_only_for_narrow_fp32_single_thread_attention_without_dropout(kernel):
+def test_taken_only_for_narrow_fp32_attention_without_dropout(kernel):
     q = torch.zeros(2, 16, 5, 4)
     assert narrow_attention.applies(q)
     assert not narrow_attention.applies(torch.zeros(2, 4, 5, 16))  # wide heads: SDPA is faster there
@@ -78,9 +78,33 @@ def test_taken_only_for_narrow_fp32_single_thread_attention_without_dropout(kern
     assert not narrow_attention.applies(torch.zeros(2, 16, 0, 4))
     torch.set_num_threads(2)
     try:
-        assert not narrow_attention.applies(q)  # SDPA spreads over threads; the kernel does not
+        assert narrow_attention.applies(q)  # the batch is split over the threads
     finally:
         torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_split_over_threads_the_batch_gives_the_one_thread_result(kernel, threads):
+    B, H, T, D = 5, 16, 11, 4  # 5 rows over 2, 3 or (more threads than rows) 8 slices
+    q, k, v = (t.requires_grad_() for t in qkv_views(B, H, T, D, torch.float32, seed=4))
+    grad = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(5))
+    one = narrow_attention.attend(q, k, v)
+    one_grads = torch.autograd.grad(one, (q, k, v), grad)
+    torch.set_num_threads(threads)
+    try:
+        calls = []
+        real = narrow_attention.over_slices
+        narrow_attention.over_slices = lambda call, B: real(lambda a, b: calls.append(b - a) or call(a, b), B)
+        many = narrow_attention.attend(q, k, v)
+        many_grads = torch.autograd.grad(many, (q, k, v), grad)
+    finally:
+        narrow_attention.over_slices = real
+        torch.set_num_threads(1)
+    assert len(calls) == 2 * min(threads, B) and sum(calls) == 2 * B  # forward and backward: every row once
+    assert torch.equal(one, many)  # each row's arithmetic is the same whichever slice holds it
+    for a, b in zip(one_grads, many_grads):
+        assert torch.equal(a, b)
+    assert torch.allclose(many, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
 
 
 def test_an_attention_layer_gives_the_same_output_and_gradients_either_way(kernel, monkeypatch):
@@ -131,3 +155,22 @@ def test_a_damaged_library_in_the_cache_is_built_again(kernel, tmp_path, monkeyp
                               atol=1e-6)
     finally:
         narrow_attention.library.cache_clear()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_forked_process_splits_the_batch_over_threads_of_its_own(kernel):
+    import multiprocessing
+    q, k, v = qkv_views(4, 16, 6, 4, torch.float32)
+    torch.set_num_threads(2)
+    try:
+        want = narrow_attention.attend(q, k, v)  # the parent's pool now has a thread
+        with multiprocessing.get_context("fork").Pool(1) as workers:
+            got = workers.apply_async(split_attention, (q, k, v)).get(timeout=30)  # hangs without a pool of its own
+    finally:
+        torch.set_num_threads(1)
+    assert torch.equal(got, want)
+
+
+def split_attention(q, k, v):
+    torch.set_num_threads(2)
+    return narrow_attention.attend(q, k, v)
