@@ -2,9 +2,10 @@
 
 Why: torch's CPU wheels do fp32 matmuls with MKL, and MKL picks its code path by vendor: on an AMD
 CPU it runs AVX2 even where the CPU has AVX-512. On a 2-core AMD EPYC of family 26 (Zen 5, full-width
-AVX-512) torch's fp32 matmul reaches 90-94 GFLOP/s on every shape, from the blocks' (1664 x 64 x 256)
-to 2048^3, where oneDNN (which torch ships, and which picks its path by instruction set) reaches
-195 and OpenBLAS forced onto its AVX-512 kernels 215 (`benchmarks/decisions/linear_paths.py`).
+AVX-512) torch's fp32 matmul reaches 86-95 GFLOP/s on one thread at every shape, from the blocks'
+(1664 x 64 x 256) to 2048^3, where oneDNN (which torch ships, and which picks its path by
+instruction set) reaches 184-203 and OpenBLAS forced onto its AVX-512 kernels 215
+(`benchmarks/decisions/linear_paths.py`; docs/benchmarks.md, "Linear layers on oneDNN").
 The blocks' linear layers are over half of a CPU preset's step, so they take oneDNN here, forward
 and backward, through `torch.ops.mkldnn._linear_pointwise` (the op inductor uses for CPU linear
 layers), wrapped in an autograd Function: dx = dy W and dW = dy^T x are two more oneDNN matmuls.
@@ -12,9 +13,10 @@ layers), wrapped in an autograd Function: dx = dy W and dW = dy^T x are two more
 Where it applies: fp32 on CPU, not under autocast, torch.compile or a torch.func transform (vmap
 over stacked seeds), and only for matmuls of at least MIN_MACS multiply-adds (eight times as many
 with several threads): below that oneDNN's per-call cost loses to MKL (a 64-row matmul: 0.5-0.75x;
-a d_model x 3 read-out: 0.4-0.8x at any row count). Where it pays: CPUs with AVX-512 that are not
-Intel's, where MKL uses AVX-512 itself; `LENGTHGEN_ONEDNN_LINEAR=1` turns it on anywhere oneDNN is
-built in, `=0` off, and `enabled` (below) does the same in-process (benchmarks compare both paths).
+a d_model x 3 read-out: 0.4-0.8x at any row count). Where it is on: CPUs with AVX-512 that are not
+Intel's (on Intel's, MKL runs AVX-512 itself); `LENGTHGEN_ONEDNN_LINEAR=1` turns it on anywhere
+oneDNN is built in, `=0` off, and `enabled` (below) does the same in-process (benchmarks compare
+both paths).
 
 Same numbers to float rounding, not bit for bit: oneDNN sums in another order than MKL (relative
 differences about 1e-6; tests/accel/test_onednn_linear.py).
