@@ -11,9 +11,9 @@ and backward, through `torch.ops.mkldnn._linear_pointwise` (the op inductor uses
 layers), wrapped in an autograd Function: dx = dy W and dW = dy^T x are two more oneDNN matmuls.
 
 Where it applies: fp32 on CPU, not under autocast, torch.compile or a torch.func transform (vmap
-over stacked seeds), and only for matmuls of at least MIN_MACS multiply-adds (eight times as many
+over stacked seeds), and only for matmuls of at least MIN_MACS multiply-adds (four times as many
 with several threads): below that oneDNN's per-call cost loses to MKL (a 64-row matmul: 0.5-0.75x;
-a d_model x 3 read-out: 0.4-0.8x at any row count). Where it is on: CPUs with AVX-512 that are not
+a d_model x 3 read-out: 0.4-0.8x at any row count), and inside a training step more than alone. Where it is on: CPUs with AVX-512 that are not
 Intel's (on Intel's, MKL runs AVX-512 itself); `LENGTHGEN_ONEDNN_LINEAR=1` turns it on anywhere
 oneDNN is built in, `=0` off, and `enabled` (below) does the same in-process (benchmarks compare
 both paths).
@@ -32,8 +32,10 @@ from torch.autograd.function import once_differentiable
 
 from lengthgen.model import linear as model_linear
 
-# one thread (8x on more); measured break-even 2-4M, 8-32M on two (benchmarks/decisions/linear_paths.py)
-MIN_MACS = 3 << 20
+# one thread (4x on more). Alone, a layer breaks even at 2-4M multiply-adds (8-32M on two threads,
+# benchmarks/decisions/linear_paths.py); inside small training steps oneDNN lost below about 16M
+# (a tiny looped Parity test: 1.2-1.4x slower at 3M), so only the large matmuls take it
+MIN_MACS = 16 << 20
 
 
 def cpu_info() -> tuple[str, set[str]]:
@@ -74,7 +76,7 @@ def applies(x: Tensor, weight: Tensor) -> bool:
     if torch.is_autocast_enabled("cpu") or any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (x, weight)):
         return False
     macs = x.numel() * weight.shape[0]  # rows x in x out
-    return macs >= MIN_MACS * (1 if torch.get_num_threads() == 1 else 8)
+    return macs >= MIN_MACS * (1 if torch.get_num_threads() == 1 else 4)
 
 
 def matmul_t(a: Tensor, b: Tensor) -> Tensor:

@@ -62,7 +62,7 @@ def test_taken_only_for_large_fp32_cpu_matmuls_outside_autocast_compile_and_vmap
     w = torch.zeros(256, 64)
     big = torch.zeros(16, 104, 64)  # 1664 rows x 64 x 256: 27M multiply-adds
     assert onednn_linear.applies(big, w)
-    assert not onednn_linear.applies(torch.zeros(64, 64), w)  # 1M: oneDNN's per-call cost loses
+    assert not onednn_linear.applies(torch.zeros(512, 64), w)  # 8M: oneDNN's per-call cost loses in a step
     assert not onednn_linear.applies(big, torch.zeros(3, 64))  # a read-out to 3 symbols: 0.3M
     assert not onednn_linear.applies(big.bfloat16(), w.bfloat16())
     assert not onednn_linear.applies(big, w.t().contiguous().t())  # a non-contiguous weight
@@ -73,8 +73,8 @@ def test_taken_only_for_large_fp32_cpu_matmuls_outside_autocast_compile_and_vmap
     assert seen == [False]  # vmap over stacked seeds: a C op cannot see a batched tensor's rows
     torch.set_num_threads(2)
     try:
-        assert not onednn_linear.applies(torch.zeros(256, 64), w)  # 4M: enough on one thread, not on two
-        assert onednn_linear.applies(big, w)
+        assert not onednn_linear.applies(big, w)  # 27M: enough on one thread, not on two
+        assert onednn_linear.applies(torch.zeros(4096, 64), w)  # 64M
     finally:
         torch.set_num_threads(1)
     monkeypatch.setattr(onednn_linear, "enabled", False)
