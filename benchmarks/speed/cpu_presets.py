@@ -105,11 +105,11 @@ class Case:
 def without_onednn(step):
     """`step`, taken with torch's own matmul for the linear layers (the path before oneDNN's)."""
     def call(*args):
-        onednn_linear.enabled = False
+        before, onednn_linear.enabled = onednn_linear.enabled, False
         try:
             return step(*args)
         finally:
-            onednn_linear.enabled = True
+            onednn_linear.enabled = before
     return call
 
 
