@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from lengthgen.accel import heap
 from lengthgen.accel.captured import CapturedSteps, capture_refusal, note, replayed_or_none
 from lengthgen.accel.compiling import compilations, compile_blocks, compile_failed, fall_back
 from lengthgen.config.schedules import curriculum_end
@@ -25,6 +26,8 @@ class FastPaths:
     def start(self) -> None:
         tr = self.cfg.train
         self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
+        if self.device.type == "cpu":
+            heap.keep()
         self.captured = self.capture()
         if tr.compile:  # a recorded step compiles whole; else the blocks, in place (EMA, checkpoints see no change)
             self.compiled = self.captured.compiled if self.captured else compile_blocks(self.state.model, self.device)

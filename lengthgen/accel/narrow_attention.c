@@ -1,4 +1,4 @@
-/* Causal attention for narrow heads (width <= 8) on one CPU thread: lengthgen/accel/narrow_attention.py.
+/* Causal attention for narrow heads (width <= 8) on CPU: lengthgen/accel/narrow_attention.py.
 
    SDPA's CPU flash kernel works on one (row, head) pair at a time with blocks built for wide
    heads; at 16 heads of width 4 it spends its time on bookkeeping, not arithmetic. Here each
@@ -183,17 +183,50 @@ ALWAYS_INLINE int backward_core(const float *q, const long *qs, const float *k, 
     if (H == 8 && D == 4) return call(8, 4);                                      \
     return call(H, D);
 
-/* 0 on success, 1 if memory ran out */
-int narrow_forward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
-                   const long *vs, float *o, float *lse, int B, int T, int H, int D, float scale) {
+static int forward_rows(const float *q, const long *qs, const float *k, const long *ks, const float *v,
+                        const long *vs, float *o, float *lse, int B, int T, int H, int D, float scale) {
 #define FORWARD(h, d) forward_core(q, qs, k, ks, v, vs, o, lse, B, T, h, d, scale)
     SHAPES(FORWARD)
+}
+
+static int backward_rows(const float *q, const long *qs, const float *k, const long *ks, const float *v,
+                         const long *vs, const float *o, const float *go, const float *lse,
+                         float *dq, float *dk, float *dv, int B, int T, int H, int D, float scale) {
+#define BACKWARD(h, d) backward_core(q, qs, k, ks, v, vs, o, go, lse, dq, dk, dv, B, T, h, d, scale)
+    SHAPES(BACKWARD)
+}
+
+/* The batch in `threads` slices of rows, each slice on a thread of OpenMP's where the library is
+   built with it (lengthgen links torch's own runtime, whose threads have just run torch's
+   operators and wait for the next; threads of another pool would contend with them for the
+   cores), else one slice after another. A row's arithmetic is the same in any slice. */
+#define SLICE(s) const int b0 = (int)((long)B * (s) / threads), rows = (int)((long)B * ((s) + 1) / threads) - b0; \
+                 const long row = (long)T * H * D /* a row of o, go, dq, dk, dv */
+
+/* 0 on success, 1 if memory ran out */
+int narrow_forward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
+                   const long *vs, float *o, float *lse, int B, int T, int H, int D, float scale, int threads) {
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 1) reduction(| : failed)
+    for (int s = 0; s < threads; s++) {
+        SLICE(s);
+        failed |= forward_rows(q + b0 * qs[0], qs, k + b0 * ks[0], ks, v + b0 * vs[0], vs, o + b0 * row,
+                               lse + (long)b0 * T * H, rows, T, H, D, scale);
+    }
+    return failed;
 }
 
 /* dq, dk, dv: (B, T, H, D) contiguous, like o */
 int narrow_backward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
                     const long *vs, const float *o, const float *go, const float *lse,
-                    float *dq, float *dk, float *dv, int B, int T, int H, int D, float scale) {
-#define BACKWARD(h, d) backward_core(q, qs, k, ks, v, vs, o, go, lse, dq, dk, dv, B, T, h, d, scale)
-    SHAPES(BACKWARD)
+                    float *dq, float *dk, float *dv, int B, int T, int H, int D, float scale, int threads) {
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 1) reduction(| : failed)
+    for (int s = 0; s < threads; s++) {
+        SLICE(s);
+        failed |= backward_rows(q + b0 * qs[0], qs, k + b0 * ks[0], ks, v + b0 * vs[0], vs, o + b0 * row,
+                                go + b0 * row, lse + (long)b0 * T * H, dq + b0 * row, dk + b0 * row, dv + b0 * row,
+                                rows, T, H, D, scale);
+    }
+    return failed;
 }

@@ -1,4 +1,4 @@
-"""Causal attention for heads of width <= 8 on one CPU thread, in C (narrow_attention.c).
+"""Causal attention for heads of width <= 8 on CPU, in C (narrow_attention.c).
 
 Why: the CPU presets run 4 to 64 heads of width 4, where SDPA's flash kernel spends its time on
 per-(row, head) bookkeeping; in the looped Parity CPU preset it was 43 % of a training step, and
@@ -7,10 +7,15 @@ keeps the heads innermost, so they are the SIMD lanes, written with the compiler
 is 4-6x faster than SDPA, forward and backward, at those shapes (`benchmarks/decisions/attention_paths.py
 --narrow`; twice as fast as the first, auto-vectorised version, which gcc left scalar at 16 heads). Wider heads (16: 3x slower
 here) stay with SDPA, which is built for them. With several torch threads the batch is split into
-one slice per thread, each a C call on a thread of its own (ctypes lets go of the GIL during the
-call; the kernel keeps no state between calls): until 2026-12-08 more threads went back to SDPA,
-and the looped Parity paper step on 2 threads was 1.56x faster with the kernel on one thread than
-with SDPA on two (docs/benchmarks.md, "Linear layers on oneDNN").
+one slice of rows per thread, run on torch's own OpenMP threads: the library is built with
+`-fopenmp` and links the libgomp that torch has loaded. Threads of a pool of lengthgen's own (the
+way until 2026-12-08) gained nothing inside a training step: after each of torch's parallel
+operators its OpenMP threads spin on the cores for a while, waiting for the next, and the
+kernel's second thread competed with them (64 rows, 64 heads of width 4, 23 tokens: 2.2 ms
+on two threads after an OpenMP operator, 0.8 ms before any, 1.8 ms on one; docs/benchmarks.md,
+"Linear layers on oneDNN"). Where the build has no OpenMP, or its runtime is not torch's, the
+kernel runs on one thread. Like torch's own operators, the split does not work in a process forked
+after its parent ran OpenMP threads (libgomp's limit): lengthgen starts its workers by spawn.
 
 The C file is compiled once per machine with the system's C compiler (`cc`, or $CC) into
 lengthgen's cache folder ($LENGTHGEN_CACHE, else $XDG_CACHE_HOME/lengthgen, else
@@ -34,7 +39,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,26 +66,47 @@ def cpu_signature() -> str:
         return platform.processor() + platform.machine()
 
 
-def build(folder: Path) -> Path:
-    """Compile the kernel into `folder` (atomically: parallel workers may build at once)."""
+def build(folder: Path, openmp: bool = True) -> Path:
+    """Compile the kernel into `folder` (atomically: parallel workers may build at once), with
+    OpenMP where the compiler has it (`openmp`), else without."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not compiler:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    if openmp:
+        try:
+            return build_with(folder, compiler, ["-fopenmp"])
+        except RuntimeError:
+            pass
+    return build_with(folder, compiler, [])
+
+
+def build_with(folder: Path, compiler: str, extra: list[str]) -> Path:
+    flags = COMPILE_FLAGS + extra
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler] + COMPILE_FLAGS).encode() + cpu_signature().encode())
+    key = hashlib.sha256(source + " ".join([compiler] + flags).encode() + cpu_signature().encode())
     target = folder / f"narrow_attention-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         obj, lib = Path(scratch) / "kernel.o", Path(scratch) / "kernel.so"
-        for command in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                        [compiler, "-shared", str(obj), "-o", str(lib), "-lm"]):  # no -ffast-math when linking
+        for command in ([compiler, *flags, "-c", str(SOURCE), "-o", str(obj)],
+                        [compiler, "-shared", *extra, str(obj), "-o", str(lib), "-lm"]):  # no -ffast-math when linking
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"{' '.join(command[:2])} ... failed: {done.stderr.strip()[:300]}")
         os.replace(lib, target)
     return target
+
+
+def openmp_runtimes() -> set[str]:
+    """The OpenMP runtimes mapped into this process (Linux; elsewhere an empty set)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    paths = {line.split()[-1] for line in maps if "/" in line}
+    return {p for p in paths if Path(p).name.startswith(("libgomp", "libomp", "libiomp"))}
 
 
 @lru_cache(maxsize=1)
@@ -96,10 +121,12 @@ def library() -> ctypes.CDLL | None:
     except (OSError, RuntimeError) as err:
         print(f"lengthgen: narrow-head attention kernel unavailable, using SDPA ({err})", file=sys.stderr)
         return None
-    pointer, dims = ctypes.c_void_p, [ctypes.c_int] * 4 + [ctypes.c_float]
+    pointer, dims = ctypes.c_void_p, [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_int]
     lib.narrow_forward.argtypes = [pointer] * 8 + dims
     lib.narrow_backward.argtypes = [pointer] * 12 + dims
     lib.narrow_forward.restype = lib.narrow_backward.restype = ctypes.c_int
+    # split over threads only on torch's own OpenMP runtime: one runtime mapped, which torch loaded
+    lib.threaded = len(openmp_runtimes()) == 1
     return lib
 
 
@@ -117,27 +144,9 @@ def strides(x: Tensor) -> ctypes.Array:
     return (ctypes.c_long * 4)(*x.stride())
 
 
-@lru_cache(maxsize=1)
-def pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(thread_name_prefix="lengthgen-narrow-attention")
-
-
-if hasattr(os, "register_at_fork"):  # a forked worker has none of the parent's threads: a pool of its own
-    os.register_at_fork(after_in_child=pool.cache_clear)
-
-
-def over_slices(call, B: int) -> int:
-    """call(b0, b1) for slices of the batch, one per torch thread, side by side; nonzero if one failed."""
-    n = max(1, min(torch.get_num_threads(), B))
-    bounds = [B * i // n for i in range(n + 1)]
-    others = [pool().submit(call, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
-    first = call(bounds[0], bounds[1])
-    return first or any([f.result() for f in others])
-
-
-def at(x: Tensor, b: int) -> int:
-    """The address of x[b]."""
-    return x.data_ptr() + b * x.stride(0) * x.element_size()
+def threads(B: int) -> int:
+    """Slices of the batch: one per torch thread (at most one per row) where the kernel shares torch's OpenMP."""
+    return max(1, min(torch.get_num_threads(), B)) if library().threaded else 1
 
 
 class NarrowCausalAttention(torch.autograd.Function):
@@ -146,9 +155,8 @@ class NarrowCausalAttention(torch.autograd.Function):
         B, H, T, D = q.shape
         o, lse = q.new_empty(B, T, H, D), q.new_empty(B, T, H)
         qs, ks, vs = strides(q), strides(k), strides(v)
-        failed = over_slices(lambda b0, b1: library().narrow_forward(
-            at(q, b0), qs, at(k, b0), ks, at(v, b0), vs, at(o, b0), at(lse, b0), b1 - b0, T, H, D, D ** -0.5), B)
-        if failed:
+        if library().narrow_forward(q.data_ptr(), qs, k.data_ptr(), ks, v.data_ptr(), vs, o.data_ptr(), lse.data_ptr(),
+                                    B, T, H, D, D ** -0.5, threads(B)):
             raise MemoryError("narrow-head attention: out of memory")
         ctx.save_for_backward(q, k, v, o, lse)
         return o.transpose(1, 2)  # (B, H, T, D), as SDPA returns it
@@ -160,10 +168,9 @@ class NarrowCausalAttention(torch.autograd.Function):
         go = grad.transpose(1, 2).contiguous()  # (B, T, H, D), o's layout
         dq, dk, dv = (q.new_empty(B, T, H, D) for _ in range(3))
         qs, ks, vs = strides(q), strides(k), strides(v)
-        failed = over_slices(lambda b0, b1: library().narrow_backward(
-            at(q, b0), qs, at(k, b0), ks, at(v, b0), vs, at(o, b0), at(go, b0), at(lse, b0),
-            at(dq, b0), at(dk, b0), at(dv, b0), b1 - b0, T, H, D, D ** -0.5), B)
-        if failed:
+        if library().narrow_backward(q.data_ptr(), qs, k.data_ptr(), ks, v.data_ptr(), vs, o.data_ptr(), go.data_ptr(),
+                                     lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, T, H, D, D ** -0.5,
+                                     threads(B)):
             raise MemoryError("narrow-head attention: out of memory")
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 

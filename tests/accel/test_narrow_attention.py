@@ -92,19 +92,28 @@ def test_split_over_threads_the_batch_gives_the_one_thread_result(kernel, thread
     one_grads = torch.autograd.grad(one, (q, k, v), grad)
     torch.set_num_threads(threads)
     try:
-        calls = []
-        real = narrow_attention.over_slices
-        narrow_attention.over_slices = lambda call, B: real(lambda a, b: calls.append(b - a) or call(a, b), B)
+        slices = narrow_attention.threads(B)
         many = narrow_attention.attend(q, k, v)
         many_grads = torch.autograd.grad(many, (q, k, v), grad)
     finally:
-        narrow_attention.over_slices = real
         torch.set_num_threads(1)
-    assert len(calls) == 2 * min(threads, B) and sum(calls) == 2 * B  # forward and backward: every row once
+    assert slices == (min(threads, B) if narrow_attention.library().threaded else 1)
     assert torch.equal(one, many)  # each row's arithmetic is the same whichever slice holds it
     for a, b in zip(one_grads, many_grads):
         assert torch.equal(a, b)
     assert torch.allclose(many, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.__config__.parallel_info().count("OpenMP"), reason="torch without OpenMP")
+def test_the_kernel_splits_on_torchs_own_openmp_runtime(kernel):
+    """Built with -fopenmp, the kernel links the libgomp torch loaded, not a second runtime whose
+    threads would contend with torch's for the cores."""
+    runtimes = narrow_attention.openmp_runtimes()
+    if not runtimes:
+        pytest.skip("no /proc/self/maps to read the runtimes from")
+    assert len(runtimes) == 1 and narrow_attention.library().threaded
+    built = narrow_attention.build(narrow_attention.cache_folder()).read_bytes()
+    assert b"GOMP_parallel" in built or b"__kmpc_fork_call" in built  # it calls OpenMP (gcc's or clang's)
 
 
 def test_an_attention_layer_gives_the_same_output_and_gradients_either_way(kernel, monkeypatch):
@@ -155,22 +164,3 @@ def test_a_damaged_library_in_the_cache_is_built_again(kernel, tmp_path, monkeyp
                               atol=1e-6)
     finally:
         narrow_attention.library.cache_clear()
-
-
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
-def test_a_forked_process_splits_the_batch_over_threads_of_its_own(kernel):
-    import multiprocessing
-    q, k, v = qkv_views(4, 16, 6, 4, torch.float32)
-    torch.set_num_threads(2)
-    try:
-        want = narrow_attention.attend(q, k, v)  # the parent's pool now has a thread
-        with multiprocessing.get_context("fork").Pool(1) as workers:
-            got = workers.apply_async(split_attention, (q, k, v)).get(timeout=30)  # hangs without a pool of its own
-    finally:
-        torch.set_num_threads(1)
-    assert torch.equal(got, want)
-
-
-def split_attention(q, k, v):
-    torch.set_num_threads(2)
-    return narrow_attention.attend(q, k, v)

@@ -1,0 +1,65 @@
+"""glibc's heap kept in a CPU training process (lengthgen/accel/heap.py): a 1 MiB allocation comes
+from the heap once the thresholds are set (glibc's default maps it on its own), only where the user
+has not set glibc's thresholds, and a CPU trainer's start sets them."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from lengthgen.accel import heap
+
+glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+
+# Prints whether a fresh 1 MiB malloc lies below the program break (in the heap) rather than in a
+# mapping of its own, after `SETUP` ran in a fresh process.
+PROBE = """
+import ctypes
+{setup}
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = libc.sbrk.restype = ctypes.c_void_p
+libc.sbrk.argtypes = [ctypes.c_long]
+block = libc.malloc(1 << 20)
+print(block < libc.sbrk(0))
+"""
+
+
+def in_heap(setup: str, **env) -> bool:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "LENGTHGEN_KEEP"))}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(setup=setup)], env={**clean, **env},
+                         capture_output=True, text=True, check=True).stdout.split()
+    return out[-1] == "True"
+
+
+@glibc
+def test_keep_moves_a_megabyte_into_the_heap():
+    assert not in_heap("")  # glibc's default: 1 MiB is above its first mmap threshold (128 KiB)
+    assert in_heap("from lengthgen.accel import heap; assert heap.keep()")
+
+
+@glibc
+def test_users_settings_win():
+    assert not in_heap("from lengthgen.accel import heap; assert not heap.keep()", LENGTHGEN_KEEP_HEAP="0")
+    assert not in_heap("from lengthgen.accel import heap; assert not heap.keep()", MALLOC_TRIM_THRESHOLD_="131072")
+
+
+@glibc
+def test_a_cpu_trainer_keeps_the_heap():
+    setup = """
+import torch
+from lengthgen.accel.hook import FastPaths
+from lengthgen.assembly.runs import new_run_config
+FastPaths(new_run_config(None, ["train.device=cpu"]), None, None, torch.device("cpu")).start()
+"""
+    assert in_heap(setup)
+
+
+def test_wanted_reads_the_settings():
+    on = platform.libc_ver()[0] == "glibc"
+    assert heap.wanted({}) is on
+    assert not heap.wanted({"LENGTHGEN_KEEP_HEAP": "0"})
+    assert not heap.wanted({"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert heap.wanted({"LENGTHGEN_KEEP_HEAP": "1"}) is on
