@@ -6,6 +6,11 @@ same way, one with LENGTHGEN_KEEP_HEAP=0 (glibc's default thresholds) and one ke
 seed; they take turns, one step each, and each reports its step's seconds, minor page faults and
 system time (getrusage).
 
+`--eval RUN`: RUN's evaluation as a reproduction evaluates a looped run (lengths 1-24, 512 samples,
+the oracle and both confidence rules, per_step), one thread, in fresh processes taking turns with
+and without the heap kept (make demo's looped run: runs/demo/runs/parity-looped-s0); seconds,
+user and system time, minor page faults.
+
 `--split`: the narrow-head kernel's forward at the paper's shape (64 rows, 64 heads of width 4,
 23 tokens) on 2 torch threads, each call right after one of torch's parallel operators: on one
 thread, split over a Python thread pool (ctypes lets go of the GIL; the way before), and split on
@@ -14,6 +19,7 @@ OpenMP's threads inside the kernel (the way now). Once with OpenMP's waiting thr
 fresh process.
 
     python benchmarks/decisions/heap_and_split.py [--heap] [--split] [--steps 8] [--threads 1,2]
+    python benchmarks/decisions/heap_and_split.py --eval runs/demo/runs/parity-looped-s0 [--steps 2]
 """
 from __future__ import annotations
 
@@ -80,6 +86,36 @@ def heap(threads: int, steps: int, length: int = 20) -> dict:
     return row
 
 
+def eval_worker(run: str) -> None:
+    """One evaluation of `run` into a scratch folder; prints its seconds and getrusage's counts as JSON."""
+    import resource
+    import tempfile
+
+    import lengthgen  # noqa: F401  (the wait policy, before torch loads OpenMP)
+    import torch
+    from lengthgen.evaluation.evaluate import evaluate_run
+    from lengthgen.evaluation.settings import EvalSettings
+    torch.set_num_threads(1)
+    settings = EvalSettings(lengths=list(range(1, 25)), samples=512, per_step=True, progress=False,
+                            stops=["oracle", "confidence", "confidence-per-sample"], out=Path(tempfile.mkdtemp()) / "eval")
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    evaluate_run(Path(run), settings)
+    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"s": seconds, "user s": after.ru_utime - before.ru_utime, "system s": after.ru_stime - before.ru_stime,
+                      "faults": after.ru_minflt - before.ru_minflt}))
+
+
+def evaluation(run: str, rounds: int) -> list[dict]:
+    rows = []
+    for i in range(rounds):
+        for keep in (("0", "1") if i % 2 == 0 else ("1", "0")):
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}, "LENGTHGEN_KEEP_HEAP": keep}
+            out = subprocess.run([sys.executable, __file__, "--eval-worker", run], env=env, capture_output=True,
+                                 text=True, check=True)
+            rows.append({"heap": "kept" if keep == "1" else "default", **json.loads(out.stdout.strip().splitlines()[-1])})
+    return rows
+
+
 def split_worker() -> None:
     """One process's --split table row, printed as JSON (OMP_WAIT_POLICY as the environment set it)."""
     import lengthgen  # noqa: F401  (the wait policy, before torch loads OpenMP)
@@ -131,16 +167,28 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heap", action="store_true", help="glibc's default heap against the kept one (default: both parts)")
     p.add_argument("--split", action="store_true", help="the narrow-head kernel's split, three ways")
-    p.add_argument("--steps", type=int, default=8, help="--heap: timed steps each way, after 2 warm-up steps")
+    p.add_argument("--eval", metavar="RUN", help="a looped run's evaluation with and without the heap kept")
+    p.add_argument("--steps", type=int, default=8, help="--heap: timed steps each way, after 2 warm-up steps; "
+                   "--eval: evaluations each way")
     p.add_argument("--threads", default="1,2", help="--heap: torch thread counts, comma-separated")
     records.add_arguments(p)
     if argv is None and sys.argv[1:2] == ["--heap-worker"]:
         return heap_worker(int(sys.argv[2]), int(sys.argv[3]))
     if argv is None and sys.argv[1:2] == ["--split-worker"]:
         return split_worker()
+    if argv is None and sys.argv[1:2] == ["--eval-worker"]:
+        return eval_worker(sys.argv[2])
     args = p.parse_args(argv)
-    both = not (args.heap or args.split)
+    both = not (args.heap or args.split or args.eval)
     results = {}
+    if args.eval:
+        if not (Path(args.eval) / "eval.csv").is_file():
+            p.error(f"--eval {args.eval}: not a finished, evaluated run (make demo trains one)")
+        results["eval"] = evaluation(args.eval, args.steps)
+        print("| heap | seconds | user s | system s | minor faults |")
+        print("|---|---:|---:|---:|---:|")
+        for r in results["eval"]:
+            print(f"| {r['heap']} | {r['s']:.1f} | {r['user s']:.1f} | {r['system s']:.2f} | {r['faults']:,} |")
     if args.heap or both:
         results["heap"] = [heap(int(t), args.steps) for t in args.threads.split(",")]
         print("| threads | glibc's default ms | heap kept ms | speed-up | minor faults a step | system ms a step |")

@@ -63,3 +63,19 @@ def test_wanted_reads_the_settings():
     assert not heap.wanted({"LENGTHGEN_KEEP_HEAP": "0"})
     assert not heap.wanted({"MALLOC_MMAP_THRESHOLD_": "65536"})
     assert heap.wanted({"LENGTHGEN_KEEP_HEAP": "1"}) is on
+
+
+@glibc
+def test_an_evaluation_on_cpu_keeps_the_heap(tmp_path):
+    """`lengthgen eval` is a process of its own: its batches' buffers stay in the heap too."""
+    from lengthgen.assembly.runs import new_run
+    from lengthgen.training.trainer import train
+    folder = tmp_path / "run"
+    train(new_run(None, ["task.name=copy", "task.train_max=4", "model.d_model=16", "model.n_layer=1",
+                         "model.n_head=2", "train.steps=2", "train.device=cpu"]), folder, progress=False)
+    setup = f"""
+from lengthgen.evaluation.evaluate import evaluate_run
+from lengthgen.evaluation.settings import EvalSettings
+evaluate_run({str(folder)!r}, EvalSettings(lengths=[2], samples=8, progress=False))
+"""
+    assert in_heap(setup)
