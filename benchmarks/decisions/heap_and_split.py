@@ -1,6 +1,7 @@
 """Decided 2026-12-08: a CPU training process keeps glibc's heap (paper step 1.03-1.21x), and the narrow-head kernel splits its batch on torch's OpenMP threads.
 
-`--heap`: the looped Parity paper step at its longest length, in two worker processes started the
+`--heap`: a training step at its preset's longest training length (the looped Parity paper step, and
+with --cases each CPU preset of benchmarks/speed/cpu_presets.py), in two worker processes started the
 same way, one with LENGTHGEN_KEEP_HEAP=0 (glibc's default thresholds) and one keeping the heap
 (lengthgen.accel.heap, which the trainer's start sets). Each draws the same batches from the same
 seed; they take turns, one step each, and each reports its step's seconds, minor page faults and
@@ -18,7 +19,7 @@ OpenMP's threads inside the kernel (the way now). Once with OpenMP's waiting thr
 (OMP_WAIT_POLICY=ACTIVE) and once sleeping (PASSIVE, what lengthgen sets on import), each in a
 fresh process.
 
-    python benchmarks/decisions/heap_and_split.py [--heap] [--split] [--steps 8] [--threads 1,2]
+    python benchmarks/decisions/heap_and_split.py [--heap] [--split] [--steps 8] [--threads 1,2] [--cases all]
     python benchmarks/decisions/heap_and_split.py --eval runs/demo/runs/parity-looped-s0 [--steps 2]
 """
 from __future__ import annotations
@@ -38,15 +39,18 @@ sys.path.insert(0, str(ROOT))  # the checkout: lengthgen and benchmarks
 from benchmarks.common import records  # noqa: E402
 
 
-def heap_worker(threads: int, length: int) -> None:
+def heap_worker(threads: int, case: str) -> None:
     """Takes a step whenever a line comes in; answers with its seconds, page faults and system time."""
     import resource
 
     import torch
     from benchmarks.common.steps import TrainerStep
+    from benchmarks.speed.cpu_presets import CASES
     from lengthgen.assembly.runs import new_run
     torch.set_num_threads(threads)
-    step = TrainerStep(new_run("looped/paper/parity", ["train.device=cpu"]), "cpu", capture=False, compile=False)
+    preset, overrides = CASES.get(case, ("looped/paper/parity", []))
+    run = new_run(preset, ["train.device=cpu", *overrides])
+    step, length = TrainerStep(run, "cpu", capture=False, compile=False), run.cfg.task.train_max
     print("ready", flush=True)
     for _ in sys.stdin:
         batch = step.batches(length)
@@ -56,12 +60,12 @@ def heap_worker(threads: int, length: int) -> None:
         print(json.dumps([seconds, after.ru_minflt - before.ru_minflt, after.ru_stime - before.ru_stime]), flush=True)
 
 
-def heap(threads: int, steps: int, length: int = 20) -> dict:
+def heap(threads: int, steps: int, case: str = "looped-parity-paper") -> dict:
     ways = {"default": "0", "kept": "1"}
     workers = {}
     for way, keep in ways.items():
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        workers[way] = subprocess.Popen([sys.executable, __file__, "--heap-worker", str(threads), str(length)],
+        workers[way] = subprocess.Popen([sys.executable, __file__, "--heap-worker", str(threads), case],
                                         env={**env, "LENGTHGEN_KEEP_HEAP": keep}, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)
     for w in workers.values():
@@ -77,7 +81,7 @@ def heap(threads: int, steps: int, length: int = 20) -> dict:
     for w in workers.values():
         w.stdin.close()
         w.wait()
-    row = {"threads": threads, "length": length}
+    row = {"case": case, "threads": threads}
     for way, got in samples.items():
         row[f"{way} ms"] = 1000 * statistics.median(s[0] for s in got)
         row[f"{way} faults"] = statistics.median(s[1] for s in got)
@@ -170,10 +174,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval", metavar="RUN", help="a looped run's evaluation with and without the heap kept")
     p.add_argument("--steps", type=int, default=8, help="--heap: timed steps each way, after 2 warm-up steps; "
                    "--eval: evaluations each way")
-    p.add_argument("--threads", default="1,2", help="--heap: torch thread counts, comma-separated")
+    p.add_argument("--threads", default="1,2", help="--heap: torch thread counts of the paper step, comma-separated "
+                   "('': none)")
+    p.add_argument("--cases", default="", help="--heap: CPU presets of benchmarks/speed/cpu_presets.py too, "
+                   "comma-separated, or 'all' (one thread each)")
     records.add_arguments(p)
     if argv is None and sys.argv[1:2] == ["--heap-worker"]:
-        return heap_worker(int(sys.argv[2]), int(sys.argv[3]))
+        return heap_worker(int(sys.argv[2]), sys.argv[3])
     if argv is None and sys.argv[1:2] == ["--split-worker"]:
         return split_worker()
     if argv is None and sys.argv[1:2] == ["--eval-worker"]:
@@ -190,12 +197,20 @@ def main(argv: list[str] | None = None) -> None:
         for r in results["eval"]:
             print(f"| {r['heap']} | {r['s']:.1f} | {r['user s']:.1f} | {r['system s']:.2f} | {r['faults']:,} |")
     if args.heap or both:
-        results["heap"] = [heap(int(t), args.steps) for t in args.threads.split(",")]
-        print("| threads | glibc's default ms | heap kept ms | speed-up | minor faults a step | system ms a step |")
-        print("|---|---:|---:|---:|---:|---:|")
+        from benchmarks.speed.cpu_presets import CASES
+        cases = list(CASES) if args.cases == "all" else [c for c in args.cases.split(",") if c]
+        if set(cases) - set(CASES):
+            p.error(f"unknown case {sorted(set(cases) - set(CASES))[0]!r}; one of: {', '.join(CASES)}")
+        results["heap"] = [heap(int(t), args.steps) for t in args.threads.split(",") if t]
+        results["heap"] += [heap(1, args.steps, case) for case in cases]
+        print("| case | threads | glibc's default ms | heap kept ms | speed-up | minor faults a step | system ms a step |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for r in results["heap"]:
-            print(f"| {r['threads']} | {r['default ms']:.0f} | {r['kept ms']:.0f} | {r['speed-up']:.2f}x | "
-                  f"{r['default faults']:,.0f} → {r['kept faults']:,.0f} | {r['default system ms']:.0f} → {r['kept system ms']:.0f} |")
+            print(f"| {r['case']} | {r['threads']} | {r['default ms']:.1f} | {r['kept ms']:.1f} | {r['speed-up']:.2f}x | "
+                  f"{r['default faults']:,.0f} → {r['kept faults']:,.0f} | {r['default system ms']:.1f} → {r['kept system ms']:.1f} |")
+        if cases:
+            ups = sorted(r["speed-up"] for r in results["heap"][-len(cases):])
+            print(f"\nmedian over {len(cases)} CPU preset(s): {statistics.median(ups):.2f}x ({ups[0]:.2f}x to {ups[-1]:.2f}x)")
     if args.split or both:
         results["split"] = [split(policy) for policy in ("ACTIVE", "PASSIVE")]
         print("| OpenMP's waiting threads | one thread ms | Python pool split ms | OpenMP split ms |")
