@@ -13,9 +13,9 @@ between steps"); an evaluation of the demo's looped run 1.4-1.9x faster (2.2M pa
 What it costs: up to 256 MiB that the process has freed stay in its heap until it exits, and
 allocations below 64 MiB come from the heap instead of their own mappings.
 
-Set once per process by `keep` (as a CPU trainer starts its fast paths, and as a CPU evaluation
-starts), only on glibc and only where the user has not set glibc's own MALLOC_MMAP_THRESHOLD_ /
-MALLOC_TRIM_THRESHOLD_ (theirs win); LENGTHGEN_KEEP_HEAP=0 leaves glibc as it is.
+Set once per process by `keep` (as a CPU trainer starts its fast paths or its stacked seeds, and as a
+CPU evaluation starts), only on glibc and only where the user has not set glibc's own
+MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (theirs win); LENGTHGEN_KEEP_HEAP=0 leaves glibc as it is.
 """
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from lengthgen.accel import heap
 from lengthgen.accel.backends import stacked_seeds
 from lengthgen.accel.captured import CapturedSteps, padded, replayed_or_none, shape_of
 from lengthgen.accel.compiling import compiled_whole
@@ -117,6 +118,8 @@ class StackedSteps:
                  capture: bool, compile_after: int | None = None):
         models, optimizers = [s.model for s in states], [s.optimizer for s in states]
         self.method, self.grad_clip, self.precision, self.device = method, grad_clip, precision, device
+        if device.type == "cpu":  # as a run's own steps keep it (FastPaths.start)
+            heap.keep()
         self.stack = Stack(models)
         self.optimizer = stacked_optimizer(self.stack, optimizers, models)
         self.seed_optimizers = optimizers
