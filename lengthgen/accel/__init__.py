@@ -3,7 +3,7 @@
 - backends.py: faster kernels for the model's dense attention (installed here, on import)
 - narrow_attention.py (+ .c): causal attention for heads <= 8 wide on CPU, in C
 - onednn_linear.py: the blocks' fp32 linear layers on oneDNN where MKL leaves AVX-512 unused (installed on import)
-- heap.py: glibc's heap kept between a CPU training process's steps (set as training starts)
+- heap.py: glibc's heap kept between the steps of a CPU training or evaluation process
 - compiling.py: torch.compile of the blocks, and of a fixed-shape step whole; its cache folder
 - captured.py: training steps recorded as CUDA graphs, one per shape bucket
 - stacked.py: seeds of one config stacked into one model under vmap

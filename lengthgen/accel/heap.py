@@ -4,11 +4,10 @@ Why: glibc serves a large allocation by mmap, and gives the top of its heap back
 more than M_TRIM_THRESHOLD of it is free. Both thresholds move with what the process frees, and a
 CPU training step frees and allocates the same megabytes every step (activations, oneDNN's buffers),
 so the heap is trimmed and grown again around them and every page comes back zeroed through a page
-fault. The looped Parity CPU step at length 12, its small matmuls on oneDNN too (MIN_MACS at
-4M), took 700-1,100 minor page faults and 2-5 ms of system time per step (of about 60); with the
-thresholds fixed at 64 and 256 MiB, none. The looped Parity paper step went from 82,000 page faults a step to none and ran
-1.03-1.21x faster (benchmarks/decisions/heap_and_split.py; docs/benchmarks.md, "glibc's heap kept
-between steps"); an evaluation of the demo's looped run 1.4-1.9x faster (2.2M page faults to 58k).
+fault. With the thresholds fixed at 64 and 256 MiB the looped Parity paper step went from 82,000
+page faults a step to none and ran 1.03-1.21x faster, the CPU presets' steps 1.09x (median), and an
+evaluation of the demo's looped run 1.4-1.9x (2.2M page faults to 58k)
+(benchmarks/decisions/heap_and_split.py; docs/benchmarks.md, "glibc's heap kept between steps").
 
 What it costs: up to 256 MiB that the process has freed stay in its heap until it exits, and
 allocations below 64 MiB come from the heap instead of their own mappings.
@@ -24,6 +23,8 @@ import ctypes.util
 import os
 import platform
 
+import torch
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 TRIM_BYTES, MMAP_BYTES = 256 << 20, 64 << 20
 GLIBC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")  # the user's own, which win
@@ -37,10 +38,11 @@ def wanted(environ=os.environ) -> bool:
     return not any(environ.get(name) for name in GLIBC_SETTINGS) and platform.libc_ver()[0] == "glibc"
 
 
-def keep() -> bool:
-    """Fix glibc's mmap and trim thresholds for this process (once); whether they are lengthgen's now."""
+def keep(device: torch.device | None = None) -> bool:
+    """Fix glibc's mmap and trim thresholds for this process (once), where `device` (if given) is the
+    CPU; whether they are lengthgen's now."""
     global kept
-    if kept or not wanted():
+    if kept or (device is not None and device.type != "cpu") or not wanted():
         return kept
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     kept = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_BYTES))

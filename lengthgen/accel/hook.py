@@ -26,8 +26,7 @@ class FastPaths:
     def start(self) -> None:
         tr = self.cfg.train
         self.graphs_before = compilations()  # the process may have compiled before (tests, scripts)
-        if self.device.type == "cpu":
-            heap.keep()
+        heap.keep(self.device)
         self.captured = self.capture()
         if tr.compile:  # a recorded step compiles whole; else the blocks, in place (EMA, checkpoints see no change)
             self.compiled = self.captured.compiled if self.captured else compile_blocks(self.state.model, self.device)

@@ -11,9 +11,9 @@ one slice of rows per thread, run on torch's own OpenMP threads: the library is 
 `-fopenmp` and links the libgomp that torch has loaded. Threads of a pool of lengthgen's own (the
 way until 2026-12-08) gained nothing inside a training step: after each of torch's parallel
 operators its OpenMP threads spin on the cores for a while, waiting for the next, and the
-kernel's second thread competed with them (64 rows, 64 heads of width 4, 23 tokens: 2.2 ms
-on two threads after an OpenMP operator, 0.8 ms before any, 1.8 ms on one; docs/benchmarks.md,
-"Linear layers on oneDNN"). Where the build has no OpenMP, or its runtime is not torch's, the
+kernel's second thread competed with them (64 rows, 64 heads of width 4, 23 tokens, right after
+an OpenMP operator: 2.16 ms split on the pool, 1.95 ms on one thread, 1.18 ms split on OpenMP;
+benchmarks/decisions/heap_and_split.py --split; docs/benchmarks.md, "Linear layers on oneDNN"). Where the build has no OpenMP, or its runtime is not torch's, the
 kernel runs on one thread. Like torch's own operators, the split does not work in a process forked
 after its parent ran OpenMP threads (libgomp's limit): lengthgen starts its workers by spawn.
 
@@ -66,18 +66,16 @@ def cpu_signature() -> str:
         return platform.processor() + platform.machine()
 
 
-def build(folder: Path, openmp: bool = True) -> Path:
+def build(folder: Path) -> Path:
     """Compile the kernel into `folder` (atomically: parallel workers may build at once), with
-    OpenMP where the compiler has it (`openmp`), else without."""
+    OpenMP where the compiler has it, else without."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not compiler:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    if openmp:
-        try:
-            return build_with(folder, compiler, ["-fopenmp"])
-        except RuntimeError:
-            pass
-    return build_with(folder, compiler, [])
+    try:
+        return build_with(folder, compiler, ["-fopenmp"])
+    except RuntimeError:
+        return build_with(folder, compiler, [])
 
 
 def build_with(folder: Path, compiler: str, extra: list[str]) -> Path:

@@ -118,8 +118,7 @@ class StackedSteps:
                  capture: bool, compile_after: int | None = None):
         models, optimizers = [s.model for s in states], [s.optimizer for s in states]
         self.method, self.grad_clip, self.precision, self.device = method, grad_clip, precision, device
-        if device.type == "cpu":  # as a run's own steps keep it (FastPaths.start)
-            heap.keep()
+        heap.keep(device)  # as a run's own steps keep it (FastPaths.start)
         self.stack = Stack(models)
         self.optimizer = stacked_optimizer(self.stack, optimizers, models)
         self.seed_optimizers = optimizers

@@ -39,6 +39,7 @@ def in_heap(setup: str, **env) -> bool:
 def test_keep_moves_a_large_block_into_the_heap():
     assert not in_heap("")  # glibc's default: above its mmap threshold (128 KiB at first, 32 MiB at most)
     assert in_heap("from lengthgen.accel import heap; assert heap.keep()")
+    assert not in_heap("import torch; from lengthgen.accel import heap; assert not heap.keep(torch.device('meta'))")
 
 
 @glibc
