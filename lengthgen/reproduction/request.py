@@ -2,7 +2,7 @@
 
 `lengthgen reproduce`'s flags and `lengthgen.reproduce`'s keywords (lengthgen.api) are its fields;
 the runner plans and runs it (lengthgen.reproduction.runner.reproduce), and planning hands the same
-object, its defaults filled in, to the grid (`planned`, then lengthgen.reproduction.grid.plan).
+object, its defaults filled in, to the grid (`planned`, then lengthgen.reproduction.planning.plan).
 """
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ from lengthgen.plugins import load as load_plugins
 from lengthgen.methods.registry import METHODS
 from lengthgen.reporting.report import DEFAULT_LAYOUT, figure_specs, write_report
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction.grid import AtScale, Job
 from lengthgen.reproduction.jobs import already_done, run_group, run_job, seed_groups
 from lengthgen.reproduction.ray_runner import run_on_ray
@@ -163,7 +164,7 @@ def planned(paper: str, request: ReproduceRequest) -> Reproduction:
     """The reproduction of `paper` as `request` asks: at its scale (default: cpu, or the grid's first
     scale) with the tasks and arms named (default: the grid's), every config validated: what the grid
     refuses is one line here, before anything is written. The plan holds the request with its
-    defaults filled in, which the grid plans (lengthgen.reproduction.grid.plan)."""
+    defaults filled in, which the grid plans (lengthgen.reproduction.planning.plan)."""
     grid = grids.find(paper)
     at = grid.pick(request.scale)
     seeds = at.data.get("seeds", 3) if request.seeds is None else request.seeds
@@ -178,7 +179,7 @@ def planned(paper: str, request: ReproduceRequest) -> Reproduction:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the runs and the report")
     request = replace(request, scale=at.name, seeds=seeds, tasks=tasks, arms=arms, out=out)
-    jobs = grids.plan(grid, request)
+    jobs = planning.plan(grid, request)
     if not jobs:  # every chosen task runs only other arms
         runs = "; ".join(f"{task} runs {', '.join(at.arms_of(task))}" for task in tasks)
         raise UserError(f"--tasks and --arms select no run of {grid.name} ({runs})")

@@ -13,6 +13,7 @@ from lengthgen.errors import UserError
 from lengthgen.model.positions import SCHEMES
 from lengthgen.reporting.across_tasks import cells, mean_reciprocal_rank, ranks, section, separating
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.reproduction.runner import reproduce
 from tests.helpers.toy_papers import toy_paper, toy_preset
@@ -92,7 +93,7 @@ def test_the_matrix_grid_spans_every_scheme_both_architectures_and_the_three_pap
     assert set(grid.defaults("cpu", "tasks")) == tasks
     for task in tasks:
         assert grid.axes("cpu", task) == {"model.position": list(SCHEMES)}  # a new scheme joins the matrix
-    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=sorted(tasks), arms=["plain", "looped"], seeds=1,
+    jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=sorted(tasks), arms=["plain", "looped"], seeds=1,
                                              out=tmp_path, workers=2))  # every config validates
     assert len(jobs) == (len(tasks) * 2 - 1) * len(SCHEMES)  # flip-flop: plain only
     methods = {(j.task, j.arm): j.config["method"] for j in jobs}

@@ -12,6 +12,7 @@ from lengthgen.cli import main
 from lengthgen.config.schema import from_data, parse_lengths
 from lengthgen.methods.registry import METHODS
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.tasks import TASKS
 
@@ -24,7 +25,7 @@ LEVELS = {"R": 4, "DCF": 4, "CS": 7}
 @functools.lru_cache(maxsize=None)
 def planned(scale: str, arms: tuple[str, ...]) -> list:
     at = GRID.at(scale)
-    return grids.plan(GRID, ReproduceRequest(scale=scale, tasks=list(at.data["tasks"]), arms=list(arms), seeds=1,
+    return planning.plan(GRID, ReproduceRequest(scale=scale, tasks=list(at.data["tasks"]), arms=list(arms), seeds=1,
                                              out=Path("unused"), workers=1))
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from lengthgen.errors import UserError
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction.jobs import eval_settings
 from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.reproduction.runner import reproduce
@@ -47,7 +48,7 @@ def toy(folder: Path, evaluate: str = STRETCH) -> Path:
 
 def planned(folder: Path, evaluate: str = STRETCH) -> dict:
     grid = grids.find(str(toy(folder, evaluate)))
-    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["copy"], arms=["nope", "rope"], seeds=1,
+    jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["copy"], arms=["nope", "rope"], seeds=1,
                                              out=folder / "out", workers=1))
     return {job.arm: job for job in jobs}
 

@@ -15,6 +15,7 @@ from lengthgen.errors import UserError
 from lengthgen.model.positions import SCHEMES
 from lengthgen.reporting.series import aggregate, collect
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction.request import ReproduceRequest
 from lengthgen.reproduction.runner import reproduce
 from tests.helpers.toy_papers import toy_paper, toy_preset
@@ -70,19 +71,19 @@ def test_a_toy_paper_runs_end_to_end_and_keeps_axis_values_apart(tmp_path):
 
 def test_labels_do_not_depend_on_which_arms_run(tmp_path):
     grid = grids.find(str(toy(tmp_path / "toy")))
-    alone = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
+    alone = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
                                               out=tmp_path / "out", workers=1))
     assert alone[0].labels == {"arm": "plain", "model.d_model": 16, "task.options.max_a_bits": 1}
-    wide = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["wide"], seeds=1,
+    wide = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["wide"], seeds=1,
                                              out=tmp_path / "out", workers=1))
     assert wide[0].labels["model.d_model"] == 32 and wide[0].folder.endswith("multiplication-wide-max_a_bits=1-s0")
     # a --set that suits only the arms run now (an option of rope) leaves the others out of the labels
     theta = ["model.position_options.theta=500000"]
-    rope = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["rope"], seeds=1,
+    rope = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["rope"], seeds=1,
                                              out=tmp_path / "out", workers=1, overrides=theta))
     assert rope[0].labels == {"arm": "rope", "task.options.max_a_bits": 1}
     with pytest.raises(UserError, match="not an option of nope"):
-        grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
+        planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
                                           out=tmp_path / "out", workers=1, overrides=theta))
 
 
@@ -90,7 +91,7 @@ def test_a_task_runs_only_its_own_arms(tmp_path, capsys):
     """`only` limits a task to some arms: the others are neither planned nor labelled against."""
     grid = grids.find(str(toy(tmp_path / "toy", GRID.replace(
         "[tasks.multiplication]\n", "[tasks.multiplication]\nonly = [\"plain\", \"wide\"]\n"))))
-    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain", "rope"], seeds=1,
+    jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain", "rope"], seeds=1,
                                              out=tmp_path / "out", workers=1))
     assert {job.arm for job in jobs} == {"plain"}
     assert set(jobs[0].labels) == {"arm", "model.d_model", "task.options.max_a_bits"}  # rope's position: no label
@@ -105,13 +106,13 @@ def test_two_entries_of_one_task_are_told_apart_in_their_labels(tmp_path):
     labels must name what differs between the entries, or the report would average them together."""
     folder = toy(tmp_path / "toy", GRID.replace("[arms.plain]", '[tasks.longer]\naxes = {"task.options.max_a_bits" = [1, 2]}\n[arms.plain]'))
     (folder / "cpu" / "longer.toml").write_text(PRESET.replace("steps = 20", "steps = 30"))
-    jobs = grids.plan(grids.find(str(folder)), ReproduceRequest(scale="cpu", tasks=["multiplication", "longer"],
+    jobs = planning.plan(grids.find(str(folder)), ReproduceRequest(scale="cpu", tasks=["multiplication", "longer"],
                                                                 arms=["plain"], seeds=1, out=tmp_path / "out",
                                                                 workers=1))
     steps = {job.folder.rsplit("/", 1)[-1]: job.labels.get("train.steps") for job in jobs}
     assert steps == {"multiplication-plain-max_a_bits=1-s0": 20, "multiplication-plain-max_a_bits=2-s0": 20,
                      "longer-plain-max_a_bits=1-s0": 30, "longer-plain-max_a_bits=2-s0": 30}
-    alone = grids.plan(grids.find(str(toy(tmp_path / "one"))),
+    alone = planning.plan(grids.find(str(toy(tmp_path / "one"))),
                        ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain"], seeds=1,
                                         out=tmp_path / "o", workers=1))
     assert "train.steps" not in alone[0].labels  # one entry: its steps tell nothing apart
@@ -121,7 +122,7 @@ def test_an_empty_options_table_is_no_label():
     """Arms that set scheme options (rope's theta) and arms that leave the table empty differ in
     that option alone; `{}` against a missing key is no difference."""
     grid = grids.find("tra")
-    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["flipflop"], arms=["nope", "rope"], seeds=1,
+    jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["flipflop"], arms=["nope", "rope"], seeds=1,
                                              out=Path("unused"), workers=1))
     assert jobs[0].labels["model.position_options.theta"] == "" and jobs[1].labels["model.position_options.theta"] == 5e5
     assert not any(key.endswith("_options") for job in jobs for key in job.labels)
@@ -153,7 +154,7 @@ def test_the_sparsity_grid_couples_through_a_learned_table_but_multiplication_th
     grid = grids.find("sparsity")
 
     def arms(scale, task):
-        jobs = grids.plan(grid, ReproduceRequest(scale=scale, tasks=[task], arms=["ppc", "coupled", "nope"], seeds=1,
+        jobs = planning.plan(grid, ReproduceRequest(scale=scale, tasks=[task], arms=["ppc", "coupled", "nope"], seeds=1,
                                                  out=Path("unused"), workers=1))
         return {job.arm: dict(s.split("=", 1) for s in job.overrides) for job in jobs}
 
@@ -168,7 +169,7 @@ def test_the_sparsity_grid_couples_through_a_learned_table_but_multiplication_th
         assert "task.options.coupled" not in sets["nope"]  # the baselines read no coupled IDs
     request = ReproduceRequest(scale="paper", tasks=["sparse_parity"], arms=["rope_pose"], seeds=1, out=Path("unused"),
                                workers=1)
-    k_max = {job.labels["task.options.k_max"] for job in grids.plan(grid, request)}
+    k_max = {job.labels["task.options.k_max"] for job in planning.plan(grid, request)}
     assert k_max == {4, 6, 8, 10, 12}  # the paper's K_train
 
 
@@ -184,7 +185,7 @@ def test_every_learned_table_that_reads_given_ids_starts_at_an_init_that_trains(
             tasks = list(grid.resolved(scale)["tasks"])
             if any(read(grid.preset(scale, task)).task.name == "text" for task in tasks):
                 continue
-            for job in grids.plan(grid, ReproduceRequest(scale=scale, tasks=tasks,
+            for job in planning.plan(grid, ReproduceRequest(scale=scale, tasks=tasks,
                                                          arms=list(grid.resolved(scale)["arms"]), seeds=1,
                                                          out=Path("unused"), workers=1)):
                 if not SCHEMES[job.loaded().model.position].trains_table:
@@ -261,7 +262,7 @@ def test_a_plan_validates_each_config_once_and_its_jobs_carry_them(tmp_path, mon
     calls = []
     checked = runs._checked
     monkeypatch.setattr(runs, "_checked", lambda cfg: calls.append(1) or checked(cfg))
-    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain", "rope"], seeds=2,
+    jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["multiplication"], arms=["plain", "rope"], seeds=2,
                                              out=tmp_path / "out", workers=1))
     declared = len(grid.arms_of("cpu", "multiplication")) * 2  # every declared arm (wide too) x 2 axis values
     assert len(jobs) == 2 * 2 * 2 and len(calls) == declared
@@ -295,15 +296,15 @@ def test_a_reproduction_is_planned_once(tmp_path, monkeypatch):
 def test_an_axis_cut_to_some_values_runs_only_those(tmp_path):
     """--axis model.position=rope,xpos: the matrix's scheme axis at two of its values, every task and arm."""
     grid = grids.find("matrix")
-    jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
+    jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
                                              workers=1, axes={"model.position": ["rope", "xpos"]}))
     assert sorted(Path(j.folder).name for j in jobs) == ["parity-plain-position=rope-s0", "parity-plain-position=xpos-s0"]
-    assert len(grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
+    assert len(planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
                                                  workers=1))) == len(grid.axes("cpu", "parity")["model.position"])
     # a value the grid does not declare joins the axis (a plugin's scheme), checked as any config value
     for axes, said in (({"model.positon": ["rope"]}, "no axis of the tasks chosen"),
                        ({"model.position": ["rope", "yarn"]}, "model.position 'yarn' is unknown"),
                        ({"model.position": ["rope", "a/b"]}, "it names run folders")):
         with pytest.raises(UserError, match=said):
-            grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
+            planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["parity"], arms=["plain"], seeds=1, out=tmp_path,
                                               workers=1, axes=axes))

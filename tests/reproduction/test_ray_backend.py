@@ -13,6 +13,7 @@ from lengthgen.cli import main
 from lengthgen.assembly.runs import new_run_config
 from lengthgen.errors import RunsFailed
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction import runner as rp
 from lengthgen.reproduction.ray_runner import RAY_MISSING, resources
 from lengthgen.reproduction.request import ReproduceRequest
@@ -50,7 +51,7 @@ class Stop(Exception):
 
 def interrupted_run(paper: Path, out: Path, arm: str, monkeypatch) -> Path:
     """The run of `arm` stopped after its checkpoint of step 10 (of 20), as a kill leaves it."""
-    (job,) = [j for j in grids.plan(grids.find(str(paper)), ReproduceRequest(scale="cpu", tasks=["parity"], arms=[arm],
+    (job,) = [j for j in planning.plan(grids.find(str(paper)), ReproduceRequest(scale="cpu", tasks=["parity"], arms=[arm],
                                                                              seeds=1, out=out, workers=2, threads=1))]
     real_save = checkpoint.save
 

@@ -19,6 +19,7 @@ from lengthgen.config.schema import to_toml
 from lengthgen.errors import ConfigError, RunsFailed, UserError
 from lengthgen.results.rows import read_rows
 from lengthgen.reproduction import grid as grids
+from lengthgen.reproduction import planning
 from lengthgen.reproduction import runner as rp
 from lengthgen.reproduction.jobs import run_job
 from lengthgen.reproduction.request import ReproduceRequest
@@ -65,7 +66,7 @@ def experiments(tmp_path, monkeypatch):
 
 def plan(tasks, arms, seeds, out, workers, **kw):
     request = ReproduceRequest(scale="cpu", tasks=tasks, arms=arms, seeds=seeds, out=out, workers=workers, **kw)
-    return grids.plan(grids.find("looped"), request)
+    return planning.plan(grids.find("looped"), request)
 
 
 def test_arm_overrides_set_then_multiply(experiments):
@@ -209,7 +210,7 @@ def test_a_name_given_twice_is_one_run(experiments, tmp_path, monkeypatch):
         planned.append((request.tasks, request.arms))
         raise Planned  # stop before anything runs
 
-    monkeypatch.setattr(grids, "plan", plan)
+    monkeypatch.setattr(planning, "plan", plan)
     with pytest.raises(Planned):
         rp.reproduce("looped", ReproduceRequest(scale="cpu", seeds=1, tasks=["parity", "copy", "parity"],
                                                 arms=["ntp", "looped", "ntp"], out=tmp_path / "out", workers=2,

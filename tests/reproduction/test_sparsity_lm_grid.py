@@ -172,6 +172,7 @@ def test_the_reproduction_pairs_each_short_run_with_the_reference_of_its_seed_an
 
 def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_the_window(tmp_path):
     from lengthgen.reproduction import grid as grids
+    from lengthgen.reproduction import planning
     from lengthgen.reproduction.request import ReproduceRequest
     from lengthgen.tasks.corpus import CorpusError
 
@@ -180,7 +181,7 @@ def test_the_sparsity_lm_grid_is_listed_and_plans_the_reference_at_four_times_th
     grid = grids.find("sparsity-lm")
     assert set(grid.scales) == {"cpu", "paper"} and "c4" in grid.resolved("paper")["tasks"]
     try:
-        jobs = grids.plan(grid, ReproduceRequest(scale="cpu", tasks=["text"], arms=grid.defaults("cpu", "arms"),
+        jobs = planning.plan(grid, ReproduceRequest(scale="cpu", tasks=["text"], arms=grid.defaults("cpu", "arms"),
                                                  seeds=3, out=tmp_path, workers=1, threads=1))
     except Exception as err:  # the Python documentation is not installed here
         if isinstance(err, CorpusError) or "python3-doc" in str(err):
